@@ -1,0 +1,79 @@
+"""Resolve a local folder or a Hugging Face repo id, and detect the model type."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+
+from .errors import CheckpointError
+
+CONFIG_FILES = ["config.json", "params.json"]
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+
+
+def detect_model_type(folder: Path) -> str:
+    """Explicit type from config.json's model_type, or a Mistral params.json."""
+    params = folder / "params.json"
+    if params.exists():
+        p = read_json(params)
+        if "whisper_model_args" in p.get("multimodal", {}) and p.get("ada_rms_norm_t_cond"):
+            return "voxtral_realtime"
+    cfg = folder / "config.json"
+    if cfg.exists():
+        c = read_json(cfg)
+        if "model_type" in c:
+            return c["model_type"]
+    raise CheckpointError(
+        f"{folder} is not a supported checkpoint (no params.json or config.json "
+        "with a known model type)"
+    )
+
+
+def _download(repo: str, patterns: list[str]) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - a core dependency
+        raise CheckpointError("huggingface-hub is required to download models") from None
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns))
+    except Exception as e:  # network, auth, missing repo: one clear line
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (HF_HUB_OFFLINE=1 and not in the local cache)" if offline else ""
+        raise CheckpointError(f"cannot fetch {repo!r} from the hub{hint}: "
+                              f"{type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
+    """A local folder as is, else a hub repo: configs first, then the files the
+    model type needs (`weight_patterns(model_type, folder) -> list[str]`)."""
+    p = Path(path_or_repo).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise CheckpointError(f"{p} is a file; pass the checkpoint folder")
+        return p
+    repo = str(path_or_repo)
+    if repo.count("/") != 1 or repo.startswith((".", "/")):
+        raise CheckpointError(f"no such model folder: {repo}")
+    folder = _download(repo, CONFIG_FILES)
+    return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))
+
+
+def load_safetensors(files: list[Path]) -> dict[str, mx.array]:
+    """Memory-mapped, lazy: tensors are read when the model evaluates them."""
+    out: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            out.update(mx.load(str(f)))
+        except (RuntimeError, ValueError, OSError) as e:
+            raise CheckpointError(f"cannot read weights {f}: {str(e).splitlines()[0]}") from None
+    return out

@@ -1,0 +1,225 @@
+"""Voxtral Mini 4B Realtime in MLX.
+
+Quirks worth knowing before reading the code:
+- Weights use Mistral-native names and interleaved ("traditional") RoPE; the
+  transformers layout is permuted into it at load.
+- Audio: causal conv stem (k=3, strides 1 and 2), a causal sliding-window (750)
+  encoder, 4 frames concatenated, then a 2-layer GELU adapter: one embedding
+  per 80 ms, *added* to the token embedding at the same decoder position.
+- Decoder FFN norms are scaled by 1 + MLP(t_cond), t_cond a sinusoidal
+  embedding (cos first) of the delay in tokens; the LM head is tied.
+- `state=None` / `caches=None` is offline; streaming passes explicit state and
+  gives the same numbers for any chunking (multiples of 8 mel frames).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ...nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from .config import DecoderConfig, EncoderConfig, VoxtralRealtimeConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 rope_theta: float, bias: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.rope_theta = rope_theta
+        self.scale = head_dim**-0.5
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=bias)
+
+    def rope(self, x: mx.array, offset: int) -> mx.array:
+        return mx.fast.rope(x, self.head_dim, traditional=True, base=self.rope_theta,
+                            scale=1.0, offset=offset)
+
+    def __call__(self, x: mx.array, mask, cache: SlidingKVCache | None) -> mx.array:
+        B, L, _ = x.shape
+        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        offset = 0 if cache is None else cache.rope_offset
+        q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; `ffn_scale` is the decoder's 1 + ada(t_cond)."""
+
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, hidden, rope_theta, eps,
+                 bias: bool, ada_dim: int = 0):
+        super().__init__()
+        self.attention = Attention(dim, n_heads, n_kv_heads, head_dim, rope_theta, bias)
+        self.attention_norm = nn.RMSNorm(dim, eps=eps)
+        self.feed_forward = FeedForward(dim, hidden, bias)
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+        if ada_dim:
+            self.ada_rms_norm_t_cond = [nn.Linear(dim, ada_dim, bias=False), nn.GELU(),
+                                        nn.Linear(ada_dim, dim, bias=False)]
+
+    def __call__(self, x, mask, cache, ffn_scale: mx.array | None = None):
+        h = x + self.attention(self.attention_norm(x), mask, cache)
+        f = self.ffn_norm(h)
+        if ffn_scale is not None:
+            f = f * ffn_scale
+        return h + self.feed_forward(f)
+
+
+def _mask(L: int, window: int, cache: SlidingKVCache | None):
+    if cache is not None:
+        return cache.make_mask(L)
+    if L <= window:
+        return "causal" if L > 1 else None
+    pos = mx.arange(L)
+    return window_mask(pos, pos, window)
+
+
+def _reanchor(caches: list[SlidingKVCache], L: int, limit: int, head_dim: int,
+              theta: float) -> None:
+    """Keep RoPE positions below `limit` forever (python ints only: no sync)."""
+    c = caches[0]
+    if c.rope_offset + L <= limit:
+        return
+    delta = c.rope_offset - c.window
+    if delta <= 0:
+        raise ValueError(f"RoPE limit {limit} too small for window {c.window} + {L}")
+    for cache in caches:
+        cache.reanchor(delta, head_dim, traditional=True, base=theta)
+
+
+@dataclass
+class EncoderState:
+    conv: list[ConvCache]
+    kv: list[SlidingKVCache]
+
+    def arrays(self) -> list[mx.array]:
+        return [a for c in (*self.conv, *self.kv) for a in c.state]
+
+
+class Transformer(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.layers = [Block(c.dim, c.n_heads, c.n_heads, c.head_dim, c.hidden_dim,
+                             c.rope_theta, c.norm_eps, bias=True)
+                       for _ in range(c.n_layers)]
+        self.norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+
+
+class WhisperEncoder(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.config = c
+        self.conv_layers = [CausalConv1d(c.n_mels, c.dim, 3, 1),
+                            CausalConv1d(c.dim, c.dim, 3, 2)]
+        self.transformer = Transformer(c)
+
+    def __call__(self, mel: mx.array, state: EncoderState | None = None) -> mx.array:
+        """(B, T, n_mels) mel frames -> (B, T/2, dim) encoder frames."""
+        c = self.config
+        conv = state.conv if state is not None else [None, None]
+        x = nn.gelu(self.conv_layers[0](mel, conv[0]))
+        x = nn.gelu(self.conv_layers[1](x, conv[1]))
+        L = x.shape[1]
+        kv = state.kv if state is not None else [None] * c.n_layers
+        if state is not None:
+            _reanchor(state.kv, L, c.max_position, c.head_dim, c.rope_theta)
+        mask = _mask(L, c.sliding_window, kv[0])
+        for layer, cache in zip(self.transformer.layers, kv, strict=True):
+            x = layer(x, mask, cache)
+        return self.transformer.norm(x)
+
+
+def time_embedding(n_delay: int, dim: int) -> mx.array:
+    """Sinusoidal embedding of the delay in tokens, cos first (fp32)."""
+    half = dim // 2
+    inv_freq = mx.exp(-math.log(10000.0) * mx.arange(half, dtype=mx.float32) / half)
+    e = n_delay * inv_freq
+    return mx.concatenate([mx.cos(e), mx.sin(e)])
+
+
+class Model(nn.Module):
+    """Attribute names follow the Mistral-native checkpoint (prefix stripped)."""
+
+    def __init__(self, config: VoxtralRealtimeConfig):
+        super().__init__()
+        self.config = config
+        e, d = config.encoder, config.decoder
+        self.whisper_encoder = WhisperEncoder(e)
+        ds = config.audio.downsample
+        self.audio_language_projection = [nn.Linear(e.dim * ds, d.dim, bias=False),
+                                          nn.GELU(), nn.Linear(d.dim, d.dim, bias=False)]
+        self.tok_embeddings = nn.Embedding(d.vocab_size, d.dim)
+        self.layers = [Block(d.dim, d.n_heads, d.n_kv_heads, d.head_dim, d.hidden_dim,
+                             d.rope_theta, d.norm_eps, bias=False, ada_dim=d.ada_dim)
+                       for _ in range(d.n_layers)]
+        self.norm = nn.RMSNorm(d.dim, eps=d.norm_eps)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.tok_embeddings.weight.dtype
+
+    def make_encoder_state(self, max_chunk_frames: int) -> EncoderState:
+        e = self.config.encoder
+        return EncoderState([ConvCache(), ConvCache()],
+                            [SlidingKVCache(e.sliding_window, max_chunk_frames)
+                             for _ in range(e.n_layers)])
+
+    def make_decoder_cache(self, max_chunk: int) -> list[SlidingKVCache]:
+        d = self.config.decoder
+        return [SlidingKVCache(d.sliding_window, max_chunk) for _ in range(d.n_layers)]
+
+    def ffn_scales(self, n_delay: int) -> list[mx.array]:
+        """Per-layer 1 + ada(t_cond), constant for a session."""
+        t = time_embedding(n_delay, self.config.decoder.dim)
+        out = []
+        for layer in self.layers:
+            down, _, up = layer.ada_rms_norm_t_cond
+            h = nn.gelu(t[None] @ down.weight.astype(mx.float32).T)
+            s = h @ up.weight.astype(mx.float32).T
+            out.append((1.0 + s).astype(self.dtype))
+        return out
+
+    def embed_audio(self, mel: mx.array, state: EncoderState | None = None) -> mx.array:
+        """(B, 8n, n_mels) mel frames -> (B, n, dim) audio embeddings."""
+        x = self.whisper_encoder(mel.astype(self.dtype), state)
+        B, T, D = x.shape
+        ds = self.config.audio.downsample
+        x = x.reshape(B, T // ds, D * ds)
+        p0, act, p2 = self.audio_language_projection
+        return p2(act(p0(x)))
+
+    def __call__(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
+                 caches: list[SlidingKVCache] | None = None) -> mx.array:
+        """Decoder: (B, L) tokens + (B, L, dim) audio embeddings -> (B, L, vocab) logits."""
+        d = self.config.decoder
+        h = self.tok_embeddings(tokens) + audio
+        L = h.shape[1]
+        if caches is not None:
+            _reanchor(caches, L, d.max_position, d.head_dim, d.rope_theta)
+        else:
+            caches = [None] * d.n_layers
+        mask = _mask(L, d.sliding_window, caches[0])
+        for layer, cache, s in zip(self.layers, caches, ffn_scales, strict=True):
+            h = layer(h, mask, cache, s)
+        return self.tok_embeddings.as_linear(self.norm(h))

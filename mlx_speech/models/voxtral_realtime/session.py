@@ -1,0 +1,226 @@
+"""Streaming transcription session: explicit state over a shared loaded model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from ...audio.io import check_audio
+from ...audio.mel import LogMel, StreamingLogMel
+from ...errors import MlxSpeechError
+from ...text.tekken import StreamingDetokenizer
+from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
+
+if TYPE_CHECKING:
+    from . import VoxtralRealtime
+
+ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
+CLEAR_CACHE_EVERY = 256
+
+
+@dataclass
+class Word:
+    text: str
+    start: float
+    end: float
+
+
+@dataclass
+class Transcript:
+    text: str
+    token_ids: list[int]
+    words: list[Word] = field(default_factory=list)
+
+
+def delay_tokens(delay_ms: int) -> int:
+    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= 2400:
+        raise MlxSpeechError(
+            f"delay must be a multiple of {FRAME_MS} ms between 80 and 2400, got {delay_ms}"
+        )
+    return delay_ms // FRAME_MS
+
+
+class Session:
+    """Feed 16 kHz mono float32 audio in any chunk sizes; get text as it is decoded.
+
+    Token ids equal offline transcription for any chunking: the mel is computed
+    on the offline frame grid and every stage carries exact state. Work per
+    chunk is bounded (ring KV caches, conv tails, consumed audio dropped).
+    """
+
+    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None):
+        cfg = owner.config
+        self.owner, self.model, self.tokenizer = owner, owner.model, owner.tokenizer
+        a = cfg.audio
+        self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
+        self.n_delay = delay_tokens(self.delay_ms)
+        tk = self.tokenizer
+        self.bos, self.eos = tk.special_id("<s>"), tk.special_id("</s>")
+        self.pad, self.word = tk.special_id("[STREAMING_PAD]"), tk.special_id("[STREAMING_WORD]")
+        self.prompt = [self.bos] + [self.pad] * (a.n_left_pad_tokens + self.n_delay)
+        enc = cfg.encoder
+        frames_per_token = MEL_PER_TOKEN // 2  # conv stem stride 2
+        # a chunk must fit between the window and the RoPE limit (re-anchoring)
+        room = (enc.max_position - enc.sliding_window) // frames_per_token
+        self.enc_chunk_tokens = max(1, min(ENCODER_CHUNK_TOKENS, room))
+        self.enc_state = self.model.make_encoder_state(self.enc_chunk_tokens * frames_per_token)
+        self.dec_cache = self.model.make_decoder_cache(len(self.prompt))
+        self.ffn_scales = self.model.ffn_scales(self.n_delay)
+        self.mel = StreamingLogMel(LogMel(a.sample_rate, a.n_fft, a.hop, a.n_mels,
+                                          a.log_mel_max))
+        self._mel_pending = np.zeros((0, a.n_mels), np.float32)
+        self._audio: list[mx.array] = []  # embeddings not yet fed, (1, n, dim) each
+        self._audio_base = 0  # decoder position of self._audio's first row
+        self._n_audio = 0  # positions with an embedding so far
+        self.position = 0  # next decoder position to feed
+        self._last: mx.array | None = None  # last generated token, next input
+        self._unread: mx.array | None = None  # generated but not yet in token_ids
+        self.token_ids: list[int] = []
+        self.n_samples = 0
+        self.finished = self.done = False
+        self._detok = StreamingDetokenizer(tk)
+        self._started_text = False
+        self._steps = 0
+        self._ingest(self.mel.feed(np.zeros(a.n_left_pad_tokens * TOKEN_SAMPLES)))
+
+    # -- audio side ---------------------------------------------------------
+    def _ingest(self, frames: np.ndarray) -> None:
+        mel = np.concatenate([self._mel_pending, frames]) if len(self._mel_pending) else frames
+        n_tok = len(mel) // MEL_PER_TOKEN
+        self._mel_pending = mel[n_tok * MEL_PER_TOKEN:]
+        for t0 in range(0, n_tok, self.enc_chunk_tokens):
+            t1 = min(n_tok, t0 + self.enc_chunk_tokens)
+            chunk = mx.array(mel[t0 * MEL_PER_TOKEN: t1 * MEL_PER_TOKEN][None])
+            emb = self.model.embed_audio(chunk, self.enc_state)
+            mx.eval(emb, self.enc_state.arrays())
+            self._audio.append(emb)
+            self._n_audio += t1 - t0
+
+    def _take_audio(self, p0: int, p1: int) -> mx.array:
+        """Embeddings for positions [p0, p1); drops everything before p1."""
+        rows, need, base = [], p1 - p0, self._audio_base
+        while need:
+            a = self._audio[0]
+            i0 = p0 - base
+            take = min(a.shape[1] - i0, need)
+            rows.append(a[:, i0: i0 + take])
+            need -= take
+            p0 += take
+            if i0 + take == a.shape[1]:
+                self._audio.pop(0)
+                base += a.shape[1]
+            else:
+                self._audio[0] = a[:, i0 + take:]
+                base = p0
+        self._audio_base = base
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=1)
+
+    # -- text side ----------------------------------------------------------
+    def _emit(self, tok: int) -> str:
+        self.token_ids.append(tok)
+        if tok == self.eos:
+            self.done = True
+            return ""
+        s = self._detok.add(tok)
+        if not self._started_text and s:
+            s = s.lstrip()
+            self._started_text = bool(s)
+        return s
+
+    def _decode(self, limit: int) -> str:
+        """Feed every position < min(limit, positions with audio)."""
+        end = min(limit, self._n_audio)
+        out: list[str] = []
+        m = self.model
+        if self._last is None:
+            P = len(self.prompt)
+            if end < P:
+                return ""
+            x = self._take_audio(0, P)
+            logits = m(mx.array([self.prompt]), x, self.ffn_scales, self.dec_cache)
+            self._last = self._unread = mx.argmax(logits[:, -1], axis=-1)
+            mx.async_eval(self._last)
+            self.position = P
+        while self.position < end and not self.done:
+            a = self._take_audio(self.position, self.position + 1)
+            logits = m(self._last[:, None], a, self.ffn_scales, self.dec_cache)
+            nxt = mx.argmax(logits[:, -1], axis=-1)
+            mx.async_eval(nxt)  # step p+1 runs while step p's token is read
+            self.position += 1
+            if self._unread is not None:
+                out.append(self._emit(self._unread.item()))
+            self._last = self._unread = nxt
+            self._steps += 1
+            if self._steps % CLEAR_CACHE_EVERY == 0:
+                mx.clear_cache()
+        if self._unread is not None and not self.done:
+            out.append(self._emit(self._unread.item()))
+            self._unread = None
+        return "".join(out)
+
+    # -- public API -----------------------------------------------------------
+    def feed(self, samples: np.ndarray) -> str:
+        """Append 16 kHz mono samples; returns the text decoded since the last call."""
+        if self.finished:
+            raise MlxSpeechError("session already finished; start a new one")
+        x = check_audio(samples)
+        self.n_samples += len(x)
+        if len(x):
+            self._ingest(self.mel.feed(x))
+        return "" if self.done else self._decode(self._n_audio)
+
+    def finish(self) -> str:
+        """End of audio: pad with silence exactly as offline does and flush the text."""
+        if self.finished:
+            return ""
+        self.finished = True
+        a = self.owner.config.audio
+        align = (-self.n_samples) % TOKEN_SAMPLES
+        right = (self.n_delay + 1 + RIGHT_PAD_EXTRA_TOKENS) * TOKEN_SAMPLES
+        total = a.n_left_pad_tokens * TOKEN_SAMPLES + self.n_samples + align + right
+        n_positions = total // TOKEN_SAMPLES
+        self._ingest(self.mel.feed(np.zeros(align + right), final_frames=total // a.hop))
+        # like transformers' generate, the last audio position is never fed
+        out = "" if self.done else self._decode(n_positions - 1)
+        out += self._detok.flush()
+        mx.clear_cache()
+        return out
+
+    @property
+    def seconds(self) -> float:
+        return self.n_samples / self.owner.config.audio.sample_rate
+
+    def result(self) -> Transcript:
+        text = self.tokenizer.decode(self.token_ids).strip()
+        return Transcript(text, list(self.token_ids), words_from_tokens(
+            self.token_ids, self.tokenizer, self.word))
+
+
+def words_from_tokens(ids: list[int], tokenizer, word_id: int) -> list[Word]:
+    """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay)."""
+    words: list[Word] = []
+    buf, start, end = b"", None, None
+
+    def close():
+        if buf.strip():
+            words.append(Word(buf.decode("utf-8", "replace").strip(), start, end))
+
+    for k, t in enumerate(ids):
+        t0, t1 = k * FRAME_MS / 1000, (k + 1) * FRAME_MS / 1000
+        if t == word_id:
+            close()
+            buf, start, end = b"", t0, t1
+            continue
+        if tokenizer.is_special(t):
+            continue
+        piece = tokenizer.token_bytes(t)
+        if start is None or (piece[:1].isspace() and buf.strip()):
+            close()
+            buf, start = b"", t0
+        buf += piece
+        end = t1
+    close()
+    return words

@@ -1,0 +1,22 @@
+"""model_type -> implementing module; each exposes `load(folder)` and `weight_patterns`."""
+
+from __future__ import annotations
+
+import importlib
+
+MODELS = {
+    "voxtral_realtime": "mlx_speech.models.voxtral_realtime",
+}
+
+
+def model_module(model_type: str):
+    from .errors import CheckpointError
+
+    if model_type not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        raise CheckpointError(f"unsupported model type {model_type!r} (known: {known})")
+    return importlib.import_module(MODELS[model_type])
+
+
+def weight_patterns(model_type: str, folder) -> list[str]:
+    return model_module(model_type).weight_patterns(folder)
