@@ -110,7 +110,8 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:
     try:
         mx.eval(model.parameters())
     except RuntimeError as e:
-        raise CheckpointError(f"cannot read weights in {folder}: {str(e).splitlines()[0]}") from None
+        msg = str(e).splitlines()[0]
+        raise CheckpointError(f"cannot read weights in {folder}: {msg}") from None
     return VoxtralRealtime(model, tokenizer, config)
 
 

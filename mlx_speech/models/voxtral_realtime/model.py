@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
-from .config import DecoderConfig, EncoderConfig, VoxtralRealtimeConfig
+from .config import EncoderConfig, VoxtralRealtimeConfig
 
 
 class Attention(nn.Module):

@@ -168,7 +168,7 @@ class Session:
             raise MlxSpeechError("session already finished; start a new one")
         x = check_audio(samples)
         self.n_samples += len(x)
-        if len(x):
+        if len(x) and not self.done:  # after EOS the audio is not needed
             self._ingest(self.mel.feed(x))
         return "" if self.done else self._decode(self._n_audio)
 

@@ -1,0 +1,25 @@
+"""`mlx_speech <command> ...` dispatcher (as mlx_lm does)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {"transcribe": "mlx_speech.transcribe"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        cmds = ", ".join(COMMANDS)
+        msg = f"usage: mlx_speech <command> [args]\ncommands: {cmds}"
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"error: unknown command {argv[0]!r}\n{msg}", file=sys.stderr)
+            return 2
+        print(msg)
+        return 0
+    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

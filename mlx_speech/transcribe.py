@@ -1,0 +1,176 @@
+"""mlx_speech.transcribe: speech to text from files or the microphone.
+
+    mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
+    mlx_speech.transcribe --live [--delay-ms 480]
+
+Results go to stdout (or -o), logs and progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import DEFAULT_ASR_MODEL
+from .errors import MlxSpeechError
+
+FORMATS = ("txt", "json", "srt", "vtt")
+PROGRESS_MIN_SECONDS = 60.0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
+    """Group words into cues: split after . ? ! or at a pause or a long run."""
+    from .writers import Segment
+
+    segs, cur = [], []
+    for w in words:
+        if cur and (w.start - cur[-1].end > max_gap or w.end - cur[0].start > max_len):
+            segs.append(cur)
+            cur = []
+        cur.append(w)
+        if w.text.endswith((".", "?", "!", "。", "？", "！")):
+            segs.append(cur)
+            cur = []
+    if cur:
+        segs.append(cur)
+    return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
+
+
+def _progress_bar(total_s: float):
+    if total_s < PROGRESS_MIN_SECONDS:
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=round(total_s), unit="s", file=sys.stderr, desc="transcribing",
+               leave=False)
+
+    def update(done_s: float, _total: float) -> None:
+        bar.update(round(done_s) - bar.n)
+
+    return bar, update
+
+
+def transcribe_file(model, path: str, args) -> str:
+    from .audio.io import load_audio
+    from .writers import write_transcript
+
+    audio, _ = load_audio(path, model.sample_rate, log=log)
+    total = len(audio) / model.sample_rate
+    bar, update = _progress_bar(total)
+    try:
+        result = model.transcribe(audio, model.sample_rate, delay_ms=args.delay_ms,
+                                  progress=update)
+    finally:
+        if bar is not None:
+            bar.close()
+    segments = segments_from_words(result.words)
+    extra = {"file": str(path), "duration": round(total, 3),
+             "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+                       for w in result.words]}
+    return write_transcript(args.format, result.text, segments, None, extra=extra)
+
+
+def live(model, args) -> None:
+    from .audio.devices import Microphone
+
+    session = model.session(delay_ms=args.delay_ms)
+    log("listening... (Ctrl-C to stop)")
+    mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
+    with mic:
+        try:
+            while True:
+                block = mic.read(timeout=1.0)
+                if block is None:
+                    continue
+                text = session.feed(block)
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if session.done:  # EOS: start over on the same model
+                    sys.stdout.write("\n")
+                    session = model.session(delay_ms=args.delay_ms)
+        except KeyboardInterrupt:
+            pass
+    sys.stdout.write(session.finish() + "\n")
+    sys.stdout.flush()
+    if mic.dropped:
+        log(f"warning: {mic.dropped} audio blocks were dropped (the model fell behind)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx_speech.transcribe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3, ...)")
+    p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
+    p.add_argument("--live", action="store_true", help="transcribe the microphone")
+    p.add_argument("--delay-ms", type=int, default=None,
+                   help="transcription delay, a multiple of 80 ms (default: the model's)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="output format (default: from -o's extension, else txt)")
+    p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
+    return p
+
+
+def _run(args) -> None:
+    if not args.files and not args.live:
+        raise MlxSpeechError("give one or more audio files, or --live")
+    if args.format is None:
+        ext = Path(args.output).suffix.lstrip(".") if args.output else ""
+        args.format = ext if ext in FORMATS else "txt"
+    if args.delay_ms is not None:
+        from .models.voxtral_realtime.session import delay_tokens
+
+        delay_tokens(args.delay_ms)  # fail before loading a big model
+    for f in args.files:
+        if not Path(f).exists():
+            raise MlxSpeechError(f"no such file: {f}")
+    import mlx_speech
+
+    log(f"loading {args.model}")
+    model = mlx_speech.load(args.model)
+    if args.live:
+        live(model, args)
+        return
+    many = len(args.files) > 1
+    for f in args.files:
+        text = transcribe_file(model, f, args)
+        if args.output:
+            out = Path(args.output)
+            if many:
+                out.mkdir(parents=True, exist_ok=True)
+                out = out / (Path(f).stem + "." + args.format)
+            try:
+                out.write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise MlxSpeechError(f"cannot write {out}: {e.strerror}") from None
+            log(f"wrote {out}")
+        else:
+            if many:
+                print(f"== {f}")
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _run(args)
+    except MlxSpeechError as e:
+        if args.verbose:
+            raise
+        log(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
+
+GOLDEN = Path(__file__).parent / "golden" / "voxtral_realtime"
+
+
+def make_voxtral_checkpoint(dest: Path, layout: str = "mistral", **overrides) -> Path:
+    """Copy the tiny reference checkpoint and add a real-format tekken.json.
+
+    `overrides` patch params.json / config.json (e.g. small RoPE limits)."""
+    shutil.copytree(GOLDEN / layout, dest)
+    write_tekken(dest / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    if overrides:
+        name = "params.json" if layout == "mistral" else "config.json"
+        cfg = json.loads((dest / name).read_text())
+        for path, value in overrides.items():
+            node = cfg
+            *parents, leaf = path.split("/")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        (dest / name).write_text(json.dumps(cfg))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def golden():
+    return dict(np.load(GOLDEN / "golden.npz"))
+
+
+@pytest.fixture(scope="session")
+def vr_dir(tmp_path_factory) -> Path:
+    return make_voxtral_checkpoint(tmp_path_factory.mktemp("vr") / "mistral")
+
+
+@pytest.fixture(scope="session")
+def vr_model(vr_dir):
+    import mlx_speech
+
+    return mlx_speech.load(vr_dir)
+
+
+def speechlike(seconds: float, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    f = 200 + 150 * np.sin(2 * np.pi * 0.7 * t)
+    x = 0.3 * np.sin(2 * np.pi * np.cumsum(f) / 16000) * (0.6 + 0.4 * np.sin(2 * np.pi * 2.1 * t))
+    return (x + 0.03 * rng.standard_normal(len(t))).astype(np.float32)

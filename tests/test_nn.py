@@ -1,0 +1,66 @@
+"""Shared layers: ring KV cache, re-anchoring, causal conv streaming."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_speech.nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+
+
+def _attend(q, k, v, mask):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.5, mask=mask)
+
+
+@pytest.mark.parametrize("window,max_chunk,chunks", [
+    (5, 1, [1] * 23),
+    (7, 4, [4, 1, 3, 4, 2, 4, 4, 1, 4]),
+    (6, 9, [9, 2, 9, 9, 1]),
+])
+def test_ring_cache_matches_full_window_attention(window, max_chunk, chunks):
+    T = sum(chunks)
+    rng = np.random.default_rng(0)
+    q, k, v = (mx.array(rng.standard_normal((1, 2, T, 4)).astype(np.float32)) for _ in range(3))
+    pos = mx.arange(T)
+    ref = _attend(q, k, v, window_mask(pos, pos, window))
+    cache, outs, t = SlidingKVCache(window, max_chunk, step=3), [], 0
+    for n in chunks:
+        mask = cache.make_mask(n)
+        kk, vv = cache.update_and_fetch(k[:, :, t:t + n], v[:, :, t:t + n])
+        assert kk.shape[2] <= cache.capacity
+        outs.append(_attend(q[:, :, t:t + n], kk, vv, mask))
+        t += n
+    np.testing.assert_allclose(np.array(mx.concatenate(outs, 2)), np.array(ref), atol=1e-5)
+
+
+def test_ring_cache_rejects_oversized_chunk():
+    cache = SlidingKVCache(4, 2)
+    with pytest.raises(ValueError):
+        cache.update_and_fetch(mx.zeros((1, 1, 3, 2)), mx.zeros((1, 1, 3, 2)))
+
+
+def test_reanchor_rotates_keys_to_the_lowered_clock():
+    rng = np.random.default_rng(1)
+    raw = mx.array(rng.standard_normal((1, 2, 6, 8)).astype(np.float32))
+
+    def rope(x, off):
+        return mx.fast.rope(x, 8, traditional=True, base=1e4, scale=1.0, offset=off)
+
+    cache = SlidingKVCache(6, 6)
+    cache.update_and_fetch(rope(raw, 100), raw)  # keys stored at clock 100..105
+    cache.reanchor(90, 8, traditional=True, base=1e4)
+    assert (cache.offset, cache.rope_offset) == (6, 6 - 90)
+    got = cache.keys[:, :, :6]
+    np.testing.assert_allclose(np.array(got), np.array(rope(raw, 10)), atol=1e-5)
+
+
+@pytest.mark.parametrize("stride,sizes", [(1, [1, 3, 2, 7]), (2, [2, 4, 6, 2])])
+def test_causal_conv_streaming_equals_offline(stride, sizes):
+    mx.random.seed(0)
+    conv = CausalConv1d(3, 5, 3, stride)
+    x = mx.random.normal((1, sum(sizes), 3))
+    ref = conv(x)
+    cache, outs, t = ConvCache(), [], 0
+    for n in sizes:
+        outs.append(conv(x[:, t:t + n], cache))
+        t += n
+    np.testing.assert_allclose(np.array(mx.concatenate(outs, 1)), np.array(ref), atol=1e-6)
