@@ -133,3 +133,36 @@ def test_dispatcher_usage():
     assert r.returncode == 0 and "transcribe" in r.stdout
     r = run("mlx_speech", "nope")
     assert r.returncode == 2
+
+
+def test_live_loop_prints_partials_and_ends_cleanly_on_ctrl_c(vr_dir, vr_model, monkeypatch,
+                                                            capsys):
+    import mlx_speech.audio.devices as devices
+    from mlx_speech import transcribe
+
+    audio = speechlike(3.0, seed=11)
+    blocks = [audio[i: i + 1280] for i in range(0, len(audio), 1280)]
+
+    class FakeMic:
+        dropped = 0
+
+        def __init__(self, **kw):
+            assert kw["sample_rate"] == 16000
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, timeout=None):
+            if not blocks:
+                raise KeyboardInterrupt
+            return blocks.pop(0)
+
+    monkeypatch.setattr(devices, "Microphone", FakeMic)
+    assert transcribe.main(["--live", "--model", str(vr_dir)]) == 0
+    out = capsys.readouterr().out
+    ids = vr_model.transcribe(audio).token_ids
+    if vr_model.tokenizer.special_id("</s>") not in ids:  # one unbroken session
+        assert out.strip() == vr_model.transcribe(audio).text

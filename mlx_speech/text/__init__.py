@@ -1,0 +1,3 @@
+from mlx_speech.text.tekken import StreamingDetokenizer, Tekken
+
+__all__ = ["StreamingDetokenizer", "Tekken"]
