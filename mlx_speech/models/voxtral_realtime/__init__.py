@@ -59,7 +59,7 @@ class VoxtralRealtime:
 
                 audio = resample(audio, sample_rate, self.sample_rate)
         s = self.session(delay_ms)
-        piece = 30 * self.sample_rate
+        piece = 10 * self.sample_rate
         total = len(audio) / self.sample_rate
         for i in range(0, len(audio), piece):
             s.feed(audio[i: i + piece])
