@@ -209,9 +209,9 @@ class Model(nn.Module):
         p0, act, p2 = self.audio_language_projection
         return p2(act(p0(x)))
 
-    def __call__(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
-                 caches: list[SlidingKVCache] | None = None) -> mx.array:
-        """Decoder: (B, L) tokens + (B, L, dim) audio embeddings -> (B, L, vocab) logits."""
+    def hidden(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
+               caches: list[SlidingKVCache] | None = None) -> mx.array:
+        """Decoder: (B, L) tokens + (B, L, dim) audio embeddings -> (B, L, dim) normed."""
         d = self.config.decoder
         h = self.tok_embeddings(tokens) + audio
         L = h.shape[1]
@@ -222,4 +222,12 @@ class Model(nn.Module):
         mask = _mask(L, d.sliding_window, caches[0])
         for layer, cache, s in zip(self.layers, caches, ffn_scales, strict=True):
             h = layer(h, mask, cache, s)
-        return self.tok_embeddings.as_linear(self.norm(h))
+        return self.norm(h)
+
+    def logits(self, h: mx.array) -> mx.array:
+        return self.tok_embeddings.as_linear(h)  # tied head
+
+    def __call__(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
+                 caches: list[SlidingKVCache] | None = None) -> mx.array:
+        """(B, L, vocab) logits for every position (teacher forcing, tests)."""
+        return self.logits(self.hidden(tokens, audio, ffn_scales, caches))

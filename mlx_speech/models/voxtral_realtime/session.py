@@ -140,14 +140,15 @@ class Session:
             if end < P:
                 return ""
             x = self._take_audio(0, P)
-            logits = m(mx.array([self.prompt]), x, self.ffn_scales, self.dec_cache)
-            self._last = self._unread = mx.argmax(logits[:, -1], axis=-1)
+            h = m.hidden(mx.array([self.prompt]), x, self.ffn_scales, self.dec_cache)
+            # only the last prompt position needs the (vocab-sized) head
+            self._last = self._unread = mx.argmax(m.logits(h[:, -1]), axis=-1)
             mx.async_eval(self._last)
             self.position = P
         while self.position < end and not self.done:
             a = self._take_audio(self.position, self.position + 1)
-            logits = m(self._last[:, None], a, self.ffn_scales, self.dec_cache)
-            nxt = mx.argmax(logits[:, -1], axis=-1)
+            h = m.hidden(self._last[:, None], a, self.ffn_scales, self.dec_cache)
+            nxt = mx.argmax(m.logits(h[:, -1]), axis=-1)
             mx.async_eval(nxt)  # step p+1 runs while step p's token is read
             self.position += 1
             if self._unread is not None:
