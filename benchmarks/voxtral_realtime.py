@@ -224,8 +224,8 @@ def bench_ours(folder: Path, mel: np.ndarray, audio: np.ndarray, steps: int,
 
     def dec(a: mx.array, pos: int) -> mx.array:
         toks = mx.array([PROMPT]) if pos < 0 else last[-1][:, None]
-        logits = m(toks, a, scales, caches)
-        last.append(mx.argmax(logits[:, -1], axis=-1))
+        h = m.hidden(toks, a, scales, caches)
+        last.append(mx.argmax(m.logits(h[:, -1]), axis=-1))  # as the session
         mx.eval(last[-1])
         return last[-1]
 
