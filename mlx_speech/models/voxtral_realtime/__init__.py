@@ -7,14 +7,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
-from ...audio.io import check_audio, load_audio
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...text.tekken import Tekken
+from ..asr import Transcript, Word, load_strict, transcribe_with
 from .config import VoxtralRealtimeConfig
 from .model import Model
-from .session import Session, Transcript, Word
+from .session import Session
 from .weights import remap
 
 __all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "load", "weight_patterns"]
@@ -47,26 +48,10 @@ class VoxtralRealtime:
                    progress: Callable[[float, float], None] | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
-        Offline transcription is the streaming session fed in large pieces, so
-        both give the same tokens. `progress(done_s, total_s)` is called per piece.
+        The same tokens as a live session with any chunking; `progress(done_s,
+        total_s)` is called every few seconds of audio.
         """
-        if isinstance(audio, (str, Path)):
-            audio, _ = load_audio(audio, self.sample_rate)
-        else:
-            audio = check_audio(audio)
-            if sample_rate != self.sample_rate:
-                from ...audio.resample import resample
-
-                audio = resample(audio, sample_rate, self.sample_rate)
-        s = self.session(delay_ms)
-        piece = 10 * self.sample_rate
-        total = len(audio) / self.sample_rate
-        for i in range(0, len(audio), piece):
-            s.feed(audio[i: i + piece])
-            if progress is not None:
-                progress(min(len(audio), i + piece) / self.sample_rate, total)
-        s.finish()
-        return s.result()
+        return transcribe_with(self.session(delay_ms), audio, sample_rate, progress)
 
 
 def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
@@ -97,34 +82,11 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:
     tokenizer = Tekken.from_file(tek)
     config.apply_tekken_audio(tokenizer.audio)
     model = Model(config)
-    expected = {k for k, _ in _flat(model.parameters())}
+    expected = {k for k, _ in tree_flatten(model.parameters())}
     try:
         weights = remap(load_safetensors(files), config, expected)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{folder}: {e}") from None
-    if dtype is not None:
-        weights = {k: v.astype(dtype) for k, v in weights.items()}
-    _check_shapes(model, weights)
-    model.load_weights(list(weights.items()), strict=True)
-    model.eval()
-    try:
-        mx.eval(model.parameters())
-    except RuntimeError as e:
-        msg = str(e).splitlines()[0]
-        raise CheckpointError(f"cannot read weights in {folder}: {msg}") from None
+    load_strict(model, weights, folder, dtype)
     return VoxtralRealtime(model, tokenizer, config)
 
-
-def _flat(tree, prefix=""):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree, prefix=prefix)
-
-
-def _check_shapes(model: Model, weights: dict[str, mx.array]) -> None:
-    for k, p in _flat(model.parameters()):
-        if tuple(weights[k].shape) != tuple(p.shape):
-            raise CheckpointError(
-                f"weight {k!r} has shape {tuple(weights[k].shape)}, config expects "
-                f"{tuple(p.shape)}"
-            )

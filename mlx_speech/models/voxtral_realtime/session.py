@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -12,6 +11,7 @@ from ...audio.io import check_audio
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
+from ..asr import Transcript, Word, group_words
 from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
 
 if TYPE_CHECKING:
@@ -19,20 +19,6 @@ if TYPE_CHECKING:
 
 ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
 CLEAR_CACHE_EVERY = 256
-
-
-@dataclass
-class Word:
-    text: str
-    start: float
-    end: float
-
-
-@dataclass
-class Transcript:
-    text: str
-    token_ids: list[int]
-    words: list[Word] = field(default_factory=list)
 
 
 def delay_tokens(delay_ms: int) -> int:
@@ -196,32 +182,13 @@ class Session:
 
     def result(self) -> Transcript:
         text = self.tokenizer.decode(self.token_ids).strip()
-        return Transcript(text, list(self.token_ids), words_from_tokens(
-            self.token_ids, self.tokenizer, self.word))
+        return Transcript(text, list(self.token_ids),
+                          words_from_tokens(self.token_ids, self.tokenizer, self.word),
+                          [k * FRAME_MS / 1000 for k in range(len(self.token_ids))])
 
 
 def words_from_tokens(ids: list[int], tokenizer, word_id: int) -> list[Word]:
     """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay)."""
-    words: list[Word] = []
-    buf, start, end = b"", None, None
-
-    def close():
-        if buf.strip():
-            words.append(Word(buf.decode("utf-8", "replace").strip(), start, end))
-
-    for k, t in enumerate(ids):
-        t0, t1 = k * FRAME_MS / 1000, (k + 1) * FRAME_MS / 1000
-        if t == word_id:
-            close()
-            buf, start, end = b"", t0, t1
-            continue
-        if tokenizer.is_special(t):
-            continue
-        piece = tokenizer.token_bytes(t)
-        if start is None or (piece[:1].isspace() and buf.strip()):
-            close()
-            buf, start = b"", t0
-        buf += piece
-        end = t1
-    close()
-    return words
+    sec = FRAME_MS / 1000
+    return group_words((tokenizer.token_bytes(t) if not tokenizer.is_special(t) else b"",
+                        k * sec, (k + 1) * sec, t == word_id) for k, t in enumerate(ids))

@@ -7,6 +7,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
+from ..asr import raise_missing
 from .config import VoxtralRealtimeConfig
 
 _MISTRAL_PREFIXES = ("mm_streams_embeddings.embedding_module.", "mm_whisper_embeddings.")
@@ -90,8 +91,5 @@ def remap(weights: dict[str, mx.array], config: VoxtralRealtimeConfig,
             n = c.n_heads if (enc or ".wq." in name) else c.n_kv_heads
             w = _to_interleaved(w, n)
         out[name] = w
-    missing = sorted(expected - out.keys())
-    if missing:
-        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint is missing key {missing[0]!r}{more}")
+    raise_missing(expected, out)
     return out

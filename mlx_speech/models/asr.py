@@ -1,0 +1,108 @@
+"""What the ASR models share: results, offline-as-streaming, strict weight loading."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..audio.io import check_audio, load_audio
+from ..errors import CheckpointError
+
+PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
+
+
+@dataclass
+class Word:
+    text: str
+    start: float
+    end: float
+
+
+@dataclass
+class Transcript:
+    text: str
+    token_ids: list[int]
+    words: list[Word] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # start (s) of each token
+
+
+def group_words(items) -> list[Word]:
+    """(piece bytes, start_s, end_s, is_word_marker) per token -> words.
+
+    A word starts at a marker token (its time pins the word's start), at a piece
+    with a leading space, or at the first piece after only whitespace.
+    """
+    words: list[Word] = []
+    buf, start, end, pinned = b"", 0.0, 0.0, False
+
+    def close():
+        text = buf.decode("utf-8", "replace").strip()
+        if text:
+            words.append(Word(text, start, end))
+
+    for piece, t0, t1, marker in items:
+        if marker:
+            close()
+            buf, start, end, pinned = b"", t0, t1, True
+            continue
+        if not piece:
+            continue
+        empty = not buf.strip()
+        if (piece[:1].isspace() and not empty) or (empty and not pinned):
+            close()
+            buf, start = b"", t0
+        buf += piece
+        end, pinned = t1, pinned and not buf.strip()
+    close()
+    return words
+
+
+def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,
+                    progress: Callable[[float, float], None] | None = None) -> Transcript:
+    """Offline transcription is the streaming session fed in large pieces, so the
+    two give the same tokens. `progress(done_s, total_s)` is called per piece."""
+    rate = session.owner.sample_rate
+    if isinstance(audio, (str, Path)):
+        audio, _ = load_audio(audio, rate)
+    else:
+        audio = check_audio(audio)
+        if sample_rate != rate:
+            from ..audio.resample import resample
+
+            audio = resample(audio, sample_rate, rate)
+    piece, total = PIECE_SECONDS * rate, len(audio) / rate
+    for i in range(0, len(audio), piece):
+        session.feed(audio[i: i + piece])
+        if progress is not None:
+            progress(min(len(audio), i + piece) / rate, total)
+    session.finish()
+    return session.result()
+
+
+def raise_missing(expected: set[str], got) -> None:
+    missing = sorted(expected - set(got))
+    if missing:
+        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"checkpoint is missing key {missing[0]!r}{more}")
+
+
+def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | None) -> None:
+    """Shapes checked, every parameter set, then one eval reads the mapped files."""
+    for k, p in tree_flatten(model.parameters()):
+        if tuple(weights[k].shape) != tuple(p.shape):
+            raise CheckpointError(f"weight {k!r} has shape {tuple(weights[k].shape)}, "
+                                  f"config expects {tuple(p.shape)}")
+    if dtype is not None:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    try:
+        mx.eval(model.parameters())
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0]
+        raise CheckpointError(f"cannot read weights in {where}: {msg}") from None
