@@ -1,0 +1,100 @@
+"""NVIDIA Nemotron speech streaming (en 0.6b): cache-aware FastConformer + RNN-T."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ...errors import CheckpointError
+from ...hub import load_safetensors, read_json
+from ...text.spm import SentencePieceDecoder
+from ..asr import Word, load_strict, transcribe_with
+from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
+from .features import NemoLogMel
+from .nemo import hf_config, read_nemo
+from .session import Session, Transcript
+from .transducer import Model
+from .weights import remap
+
+__all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word", "load",
+           "weight_patterns"]
+
+HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
+            "tokenizer.json", "tokenizer.model"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def weight_patterns(folder: Path) -> list[str]:
+    """The transformers layout (config.json + safetensors + tokenizer)."""
+    return HF_FILES
+
+
+class NemotronStreaming:
+    """A loaded model; any number of sessions can share it."""
+
+    def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
+                 config: NemotronStreamingConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.features = NemoLogMel(config.encoder.num_mel_bins)
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    def session(self, latency_ms: int | None = None) -> Session:
+        """A streaming session: `feed(samples) -> str`, `finish() -> str`.
+
+        `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
+        """
+        return Session(self, latency_ms)
+
+    def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
+                   latency_ms: int | None = None,
+                   progress: Callable[[float, float], None] | None = None) -> Transcript:
+        """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
+
+        The same tokens as a live session in the same latency mode, any chunking.
+        """
+        return transcribe_with(self.session(latency_ms), audio, sample_rate, progress)
+
+
+def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
+    for name in TOKENIZER_FILES:
+        if (folder / name).exists():
+            return SentencePieceDecoder.from_file(folder / name)
+    raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
+
+
+def load(path: str | Path, dtype: mx.Dtype | None = None) -> NemotronStreaming:
+    """Load strictly (every key mapped, none missing), lazily (weights memory-mapped).
+
+    `path` is a transformers-layout folder (config.json, model*.safetensors,
+    tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive.
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix == ".nemo":
+        nemo_config, weights, tok = read_nemo(path)
+        c = hf_config(nemo_config)
+        tokenizer = SentencePieceDecoder.from_model_bytes(tok)
+    else:
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{path} has no config.json")
+        c = read_json(path / "config.json")
+        if c.get("model_type") != "nemotron_asr_streaming":
+            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, "
+                                  "not nemotron_asr_streaming")
+        files = sorted(path.glob("model*.safetensors"))
+        if not files:
+            raise CheckpointError(f"no safetensors weights in {path}")
+        tokenizer = _read_tokenizer(path)
+        weights = load_safetensors(files)
+    config = NemotronStreamingConfig.from_hf(c)
+    model = Model(config)
+    params = dict(tree_flatten(model.parameters()))
+    weights = remap(weights, set(params))
+    load_strict(model, weights, path, dtype)
+    return NemotronStreaming(model, tokenizer, config)

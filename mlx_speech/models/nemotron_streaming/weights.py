@@ -1,0 +1,76 @@
+"""Checkpoint key mapping (strict, torch-free): NeMo names -> transformers names ->
+our parameters, which use the transformers names with MLX conv layouts."""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+
+from ...errors import CheckpointError
+from ..asr import raise_missing
+
+_CONV2D = re.compile(r"^encoder\.subsampling\.(conv_in|layers\.\d+\.depthwise_conv)\.weight$")
+_POINTWISE2D = re.compile(r"^encoder\.subsampling\.layers\.\d+\.pointwise_conv\.weight$")
+_POINTWISE1D = re.compile(r"^encoder\.layers\.\d+\.conv\.pointwise_conv[12]\.weight$")
+_DEPTHWISE1D = re.compile(r"^encoder\.layers\.\d+\.conv\.depthwise_conv\.weight$")
+
+
+def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.array]:
+    """transformers tensors -> our parameters (same names, MLX conv layouts).
+
+    Raises CheckpointError naming the first unknown or missing key.
+    """
+    out: dict[str, mx.array] = {}
+    for key, w in weights.items():
+        name = key[len("model."):] if key.startswith("model.") else key
+        if name not in expected:
+            raise CheckpointError(f"unexpected checkpoint key {key!r}")
+        if _CONV2D.match(name):
+            w = w.transpose(0, 2, 3, 1)  # torch (O, I, H, W) -> mlx (O, H, W, I)
+        elif _POINTWISE2D.match(name) or _POINTWISE1D.match(name):
+            w = w.reshape(w.shape[0], w.shape[1])  # 1x1 convs are Linears here
+        elif _DEPTHWISE1D.match(name):
+            w = w.swapaxes(1, 2)  # torch (O, I, K) -> mlx (O, K, I)
+        out[name] = w
+    raise_missing(expected, out)
+    return out
+
+
+# NeMo (.nemo state dict) -> transformers, after the HF converter's table
+_RENAMES = [
+    (r"^encoder\.pre_encode\.out\.", "encoder.subsampling.linear."),
+    (r"\.conv\.batch_norm\.", ".conv.norm."),
+    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
+    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
+    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
+    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
+    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
+    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
+    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
+    (r"^decoder\.prediction\.embed\.", "decoder.embedding."),
+    (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
+    (r"^joint\.enc\.", "encoder_projector."),
+    (r"^joint\.pred\.", "decoder.decoder_projector."),
+    (r"^joint\.joint_net\.2\.", "joint.head."),
+]
+_PRE_ENCODE = re.compile(r"^encoder\.pre_encode\.conv\.(\d+)\.(weight|bias)$")
+
+
+def hf_name(key: str) -> str | None:
+    """NeMo state-dict key -> transformers key (None: not a model weight)."""
+    if key.startswith("preprocessor."):
+        return None
+    m = _PRE_ENCODE.match(key)
+    if m:  # Sequential: conv 0, ReLU 1, then (depthwise, pointwise, ReLU) per stage
+        n, leaf = int(m.group(1)), m.group(2)
+        if n == 0:
+            return f"encoder.subsampling.conv_in.{leaf}"
+        i, kind = divmod(n - 2, 3)
+        if kind == 2 or n < 2:
+            raise CheckpointError(f"unexpected checkpoint key {key!r}")
+        part = "depthwise_conv" if kind == 0 else "pointwise_conv"
+        return f"encoder.subsampling.layers.{i}.{part}.{leaf}"
+    for pat, rep in _RENAMES:
+        key = re.sub(pat, rep, key)
+    return key

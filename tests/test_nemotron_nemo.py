@@ -1,0 +1,215 @@
+"""`.nemo` archives: torch-free reading (no pickled code runs), NeMo -> transformers
+names and config, and the same tokens as the transformers-layout checkpoint."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_speech.errors import CheckpointError
+from mlx_speech.models.nemotron_streaming import load
+from mlx_speech.models.nemotron_streaming.nemo import convert_nemo, read_state_dict
+from mlx_speech.models.nemotron_streaming.weights import hf_name
+
+GOLDEN = Path(__file__).parent / "golden" / "nemotron"
+
+_TO_NEMO = [  # transformers -> NeMo, the inverse of the loader's table
+    (r"^encoder\.subsampling\.conv_in\.", "encoder.pre_encode.conv.0."),
+    (r"^encoder\.subsampling\.layers\.0\.depthwise_conv\.", "encoder.pre_encode.conv.2."),
+    (r"^encoder\.subsampling\.layers\.0\.pointwise_conv\.", "encoder.pre_encode.conv.3."),
+    (r"^encoder\.subsampling\.layers\.1\.depthwise_conv\.", "encoder.pre_encode.conv.5."),
+    (r"^encoder\.subsampling\.layers\.1\.pointwise_conv\.", "encoder.pre_encode.conv.6."),
+    (r"^encoder\.subsampling\.linear\.", "encoder.pre_encode.out."),
+    (r"\.conv\.norm\.", ".conv.batch_norm."),
+    (r"\.self_attn\.q_proj\.", ".self_attn.linear_q."),
+    (r"\.self_attn\.k_proj\.", ".self_attn.linear_k."),
+    (r"\.self_attn\.v_proj\.", ".self_attn.linear_v."),
+    (r"\.self_attn\.o_proj\.", ".self_attn.linear_out."),
+    (r"\.self_attn\.relative_k_proj\.", ".self_attn.linear_pos."),
+    (r"\.self_attn\.bias_u$", ".self_attn.pos_bias_u"),
+    (r"\.self_attn\.bias_v$", ".self_attn.pos_bias_v"),
+    (r"^decoder\.embedding\.", "decoder.prediction.embed."),
+    (r"^decoder\.lstm\.", "decoder.prediction.dec_rnn.lstm."),
+    (r"^encoder_projector\.", "joint.enc."),
+    (r"^decoder\.decoder_projector\.", "joint.pred."),
+    (r"^joint\.head\.", "joint.joint_net.2."),
+]
+
+
+def _nemo_key(k: str) -> str:
+    for pat, rep in _TO_NEMO:
+        k = re.sub(pat, rep, k)
+    return k
+
+
+def _nemo_config(hf: dict) -> dict:
+    e = hf["encoder_config"]
+    left = e["sliding_window"] - 1
+    return {
+        "preprocessor": {"features": 128, "n_fft": 512, "window_size": 0.025},
+        "encoder": {
+            "feat_in": e["num_mel_bins"], "n_layers": e["num_hidden_layers"],
+            "d_model": e["hidden_size"], "n_heads": e["num_attention_heads"],
+            "ff_expansion_factor": e["intermediate_size"] // e["hidden_size"],
+            "subsampling": "dw_striding", "subsampling_factor": 8,
+            "subsampling_conv_channels": e["subsampling_conv_channels"],
+            "causal_downsampling": True, "conv_kernel_size": 9,
+            "conv_norm_type": "layer_norm", "conv_context_size": "causal",
+            "att_context_size": [[left, 13], [left, 6], [left, 1], [left, 0]],
+            "att_context_style": "chunked_limited", "xscaling": False, "use_bias": False,
+            "self_attention_model": "rel_pos", "pos_emb_max_len": 5000,
+        },
+        "decoder": {"vocab_size": hf["blank_token_id"],
+                    "prednet": {"pred_hidden": hf["decoder_hidden_size"], "pred_rnn_layers": 2}},
+        "joint": {"num_classes": hf["blank_token_id"],
+                  "jointnet": {"joint_hidden": hf["decoder_hidden_size"]}},
+        "decoding": {"greedy": {"max_symbols": hf["max_symbols_per_step"]}},
+    }
+
+
+@pytest.fixture(scope="module")
+def nemo_file(tmp_path_factory) -> Path:
+    torch = pytest.importorskip("torch")
+    yaml = pytest.importorskip("yaml")
+    from safetensors.torch import load_file
+
+    sd = {_nemo_key(k): v for k, v in load_file(GOLDEN / "model.safetensors").items()}
+    sd["preprocessor.featurizer.window"] = torch.hann_window(400, periodic=False)
+    sd["preprocessor.featurizer.fb"] = torch.zeros(1, 128, 257)
+    sd["encoder.layers.0.conv.depthwise_conv.weight"] = (  # a non-contiguous tensor
+        sd["encoder.layers.0.conv.depthwise_conv.weight"].permute(2, 1, 0).contiguous()
+        .permute(2, 1, 0))
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    hf = json.loads((GOLDEN / "config.json").read_text())
+    files = {"./model_config.yaml": yaml.safe_dump(_nemo_config(hf)).encode(),
+             "./model_weights.ckpt": buf.getvalue(),
+             "./0123456789abcdef0123456789abcdef_tokenizer.model":
+                 (GOLDEN / "tokenizer.model").read_bytes()}
+    path = tmp_path_factory.mktemp("nemo") / "tiny.nemo"
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_nemo_names_map_to_transformers():
+    assert hf_name("encoder.pre_encode.conv.5.weight") == \
+        "encoder.subsampling.layers.1.depthwise_conv.weight"
+    assert hf_name("joint.joint_net.2.bias") == "joint.head.bias"
+    assert hf_name("encoder.layers.3.self_attn.pos_bias_u") == "encoder.layers.3.self_attn.bias_u"
+    assert hf_name("preprocessor.featurizer.fb") is None
+    with pytest.raises(CheckpointError, match="pre_encode.conv.4"):
+        hf_name("encoder.pre_encode.conv.4.weight")
+
+
+def test_nemo_archive_gives_the_reference_tokens(nemo_file):
+    g = np.load(GOLDEN / "golden.npz")
+    m = load(nemo_file)
+    assert m.config.encoder.left_context == 14 and not m.config.encoder.scale_input
+    for ms, r in ((1120, 13), (80, 0)):
+        assert m.transcribe(g["audio"], latency_ms=ms).token_ids == \
+            [int(t) for t in g[f"tokens_r{r}"]]
+
+
+def test_convert_nemo_writes_a_transformers_folder(nemo_file, tmp_path):
+    out = convert_nemo(nemo_file, tmp_path / "hf")
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors",
+                                               "tokenizer.model"}
+    ref, got = mx.load(str(GOLDEN / "model.safetensors")), mx.load(str(out / "model.safetensors"))
+    assert ref.keys() == got.keys()
+    assert all(mx.array_equal(ref[k], got[k]).item() for k in ref)
+    g = np.load(GOLDEN / "golden.npz")
+    assert load(out).transcribe(g["audio"], latency_ms=160).token_ids == \
+        [int(t) for t in g["tokens_r1"]]
+
+
+def _zip_pickle(payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", payload)
+    return buf.getvalue()
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickled_code_is_refused():
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        read_state_dict(_zip_pickle(pickle.dumps({"a": _Evil()}, protocol=2)))
+    with pytest.raises(CheckpointError, match="not a torch zip"):
+        read_state_dict(b"\x80\x02}q\x00.")
+
+
+def test_bf16_and_strided_tensors_round_trip():
+    torch = pytest.importorskip("torch")
+    sd = {"a": torch.randn(3, 4).T, "b": torch.randn(5).to(torch.bfloat16),
+          "c": torch.arange(6).reshape(2, 3)[:, 1:]}
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    got = read_state_dict(buf.getvalue())
+    np.testing.assert_array_equal(np.array(got["a"]), sd["a"].numpy())
+    assert got["b"].dtype == mx.bfloat16
+    np.testing.assert_array_equal(np.array(got["b"].astype(mx.float32)), sd["b"].float().numpy())
+    np.testing.assert_array_equal(np.array(got["c"]), sd["c"].numpy())
+
+
+def test_unsupported_nemo_settings_are_named(tmp_path):
+    from mlx_speech.models.nemotron_streaming.nemo import hf_config
+
+    hf = json.loads((GOLDEN / "config.json").read_text())
+    cfg = _nemo_config(hf)
+    cfg["encoder"]["att_context_style"] = "regular"
+    with pytest.raises(CheckpointError, match="att_context_style"):
+        hf_config(cfg)
+    bad = tmp_path / "x.nemo"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(CheckpointError, match="x.nemo"):
+        load(bad)
+
+
+def test_convert_cli_and_transcribe_a_nemo_archive(nemo_file, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    import mlx_speech
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                              env=env, stdin=subprocess.DEVNULL, timeout=300)
+
+    r = run("mlx_speech", "convert", str(nemo_file), str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    wav = tmp_path / "a.wav"
+    sf.write(wav, np.load(GOLDEN / "golden.npz")["audio"], 16000)
+    ref = mlx_speech.load(GOLDEN).transcribe(str(wav), latency_ms=160)
+    for model in (tmp_path / "out", nemo_file):
+        r = run("mlx_speech.transcribe", str(wav), "--model", str(model), "--latency-ms", "160",
+                "--format", "json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["text"] == ref.text
+    r = run("mlx_speech.transcribe", str(wav), "--model", str(nemo_file), "--delay-ms", "480")
+    assert r.returncode == 1 and "--latency-ms" in r.stderr
+    r = run("mlx_speech", "convert", str(wav), str(tmp_path / "x"))
+    assert r.returncode == 1 and "supported: .nemo" in r.stderr
