@@ -11,12 +11,17 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     """Load a model from a local folder or a Hugging Face repo id.
 
     The type comes from the checkpoint's own config (never the repo name); the
-    result is that model's wrapper, e.g. `VoxtralRealtime` with `transcribe()`
-    and `session()`.
+    result is that model's wrapper (`VoxtralRealtime`, `NemotronStreaming`), each
+    with `transcribe()` and `session()`. A `.nemo` archive path also works.
     """
-    from .hub import detect_model_type, resolve
-    from .registry import model_module, weight_patterns
+    from pathlib import Path
 
+    from .hub import detect_model_type, resolve
+    from .registry import ARCHIVES, model_module, weight_patterns
+
+    p = Path(path_or_repo).expanduser()
+    if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
+        return model_module(ARCHIVES[p.suffix]).load(p, **kwargs)
     folder = resolve(path_or_repo, weight_patterns)
     return model_module(detect_model_type(folder)).load(folder, **kwargs)
 

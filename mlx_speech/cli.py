@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"transcribe": "mlx_speech.transcribe"}
+COMMANDS = {"transcribe": "mlx_speech.transcribe", "convert": "mlx_speech.convert"}
 
 
 def main(argv: list[str] | None = None) -> int:

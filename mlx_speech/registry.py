@@ -6,7 +6,9 @@ import importlib
 
 MODELS = {
     "voxtral_realtime": "mlx_speech.models.voxtral_realtime",
+    "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming",
 }
+ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints
 
 
 def model_module(model_type: str):

@@ -2,6 +2,7 @@
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
     mlx_speech.transcribe --live [--delay-ms 480]
+    mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
 Results go to stdout (or -o), logs and progress to stderr.
 """
@@ -63,8 +64,8 @@ def transcribe_file(model, path: str, args) -> str:
     total = len(audio) / model.sample_rate
     bar, update = _progress_bar(total)
     try:
-        result = model.transcribe(audio, model.sample_rate, delay_ms=args.delay_ms,
-                                  progress=update)
+        result = model.transcribe(audio, model.sample_rate, progress=update,
+                                  **_mode(model, args))
     finally:
         if bar is not None:
             bar.close()
@@ -75,10 +76,24 @@ def transcribe_file(model, path: str, args) -> str:
     return write_transcript(args.format, result.text, segments, None, extra=extra)
 
 
+def _mode(model, args) -> dict:
+    """The streaming-mode option each model family takes."""
+    from .models.voxtral_realtime import VoxtralRealtime
+
+    if isinstance(model, VoxtralRealtime):
+        if args.latency_ms is not None:
+            raise MlxSpeechError("--latency-ms is for Nemotron; Voxtral takes --delay-ms")
+        return {"delay_ms": args.delay_ms}
+    if args.delay_ms is not None:
+        raise MlxSpeechError("--delay-ms is for Voxtral; Nemotron takes --latency-ms")
+    return {"latency_ms": args.latency_ms}
+
+
 def live(model, args) -> None:
     from .audio.devices import Microphone
 
-    session = model.session(delay_ms=args.delay_ms)
+    mode = _mode(model, args)
+    session = model.session(**mode)
     log("listening... (Ctrl-C to stop)")
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
     with mic:
@@ -91,9 +106,9 @@ def live(model, args) -> None:
                 if text:
                     sys.stdout.write(text)
                     sys.stdout.flush()
-                if session.done:  # EOS: start over on the same model
+                if getattr(session, "done", False):  # EOS: start over on the same model
                     sys.stdout.write("\n")
-                    session = model.session(delay_ms=args.delay_ms)
+                    session = model.session(**mode)
         except KeyboardInterrupt:
             pass
     sys.stdout.write(session.finish() + "\n")
@@ -109,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
     p.add_argument("--live", action="store_true", help="transcribe the microphone")
     p.add_argument("--delay-ms", type=int, default=None,
-                   help="transcription delay, a multiple of 80 ms (default: the model's)")
+                   help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
+    p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
+                   help="Nemotron: streaming latency mode (default: the model's)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
@@ -130,6 +147,8 @@ def _run(args) -> None:
     for f in args.files:
         if not Path(f).exists():
             raise MlxSpeechError(f"no such file: {f}")
+    if args.live and args.files:
+        raise MlxSpeechError("give audio files or --live, not both")
     import mlx_speech
 
     log(f"loading {args.model}")
