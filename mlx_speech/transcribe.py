@@ -106,7 +106,7 @@ def live(model, args) -> None:
                 if text:
                     sys.stdout.write(text)
                     sys.stdout.flush()
-                if getattr(session, "done", False):  # EOS: start over on the same model
+                if session.done:  # EOS: start over on the same model
                     sys.stdout.write("\n")
                     session = model.session(**mode)
         except KeyboardInterrupt:

@@ -91,6 +91,7 @@ class Session:
         self.frames: list[int] = []
         self.n_frames = 0  # encoder frames decoded so far
         self.finished = False
+        self.done = False  # RNN-T has no end-of-stream token; same interface as Voxtral
         self._detok = StreamingDecoder(owner.tokenizer)
         self._calls = 0
 
