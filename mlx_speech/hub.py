@@ -21,18 +21,39 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"cannot read {path}: {e}") from None
 
 
+MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # Kyutai repos without config.json
+_KYUTAI_LM_KEYS = ("moshi_name", "mimi_name", "dep_q", "text_card", "lm_gen_config")
+
+
 def detect_model_type(folder: Path) -> str:
-    """Explicit type from config.json's model_type, or a Mistral params.json."""
+    """Explicit type from the checkpoint's own config, never from the repo name.
+
+    Mistral `params.json` (Voxtral Realtime or Voxtral TTS), a `config.json`
+    with `model_type` (transformers, mlx-community), a Kyutai `config.json`
+    (LM kwargs naming the Moshi/Mimi/tokenizer files, as the `moshi` package's
+    CheckpointInfo reads it), or a legacy Kyutai folder with no config at all.
+    """
     params = folder / "params.json"
     if params.exists():
         p = read_json(params)
-        if "whisper_model_args" in p.get("multimodal", {}) and p.get("ada_rms_norm_t_cond"):
+        mm = p.get("multimodal", {})
+        if "whisper_model_args" in mm and p.get("ada_rms_norm_t_cond"):
             return "voxtral_realtime"
+        if p.get("model_type") == "voxtral_tts" or "audio_tokenizer_args" in mm:
+            return "voxtral_tts"
     cfg = folder / "config.json"
     if cfg.exists():
         c = read_json(cfg)
+        if any(k in c for k in _KYUTAI_LM_KEYS):
+            kind = c.get("model_type", "moshi")
+            if kind != "moshi":
+                raise CheckpointError(
+                    f"{folder}: Kyutai model type {kind!r} is not supported (only moshi)")
+            return "moshi"
         if "model_type" in c:
             return c["model_type"]
+    elif (folder / MIMI_FILE).exists():
+        return "moshi"
     raise CheckpointError(
         f"{folder} is not a supported checkpoint (no params.json or config.json "
         "with a known model type)"
@@ -65,6 +86,8 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
     if repo.count("/") != 1 or repo.startswith((".", "/")):
         raise CheckpointError(f"no such model folder: {repo}")
     folder = _download(repo, CONFIG_FILES)
+    if not any((folder / f).exists() for f in CONFIG_FILES):  # legacy Kyutai layout
+        folder = _download(repo, CONFIG_FILES + [MIMI_FILE])
     return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))
 
 

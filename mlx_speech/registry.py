@@ -7,6 +7,8 @@ import importlib
 MODELS = {
     "voxtral_realtime": "mlx_speech.models.voxtral_realtime",
     "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming",
+    "voxtral_tts": "mlx_speech.models.voxtral_tts",
+    "moshi": "mlx_speech.models.moshi",
 }
 ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints
 
