@@ -153,3 +153,23 @@ def test_unknown_voice_lists_known(persona):
         persona.session(voice="NOPE")
     with pytest.raises(MlxSpeechError, match="user_lag"):
         persona.session(user_lag=0)
+
+
+def test_chat_cli_end_to_end(tmp_path, capsys):
+    """`mlx_speech.chat --input q.wav -o a.wav` on a tiny Kyutai-layout folder."""
+    import soundfile as sf
+
+    from mlx_speech import chat
+
+    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
+    folder = write_folder(tmp_path / "moshi", kw, kyutai_weights(build_random_lm(kw)))
+    src, dst = tmp_path / "q.wav", tmp_path / "a.flac"
+    sf.write(str(src), speech(16000, sr=16000), 16000)  # resampled to 24 kHz on the way in
+    rc = chat.main(["--model", str(folder), "--input", str(src), "-o", str(dst), "--tail", "0.2"])
+    assert rc == 0, capsys.readouterr().err
+    out, sr = sf.read(str(dst), dtype="float32")
+    frames = -(-(24000 + 4800) // 1920)
+    assert sr == 24000 and len(out) == frames * 1920
+    assert not np.any(out[:1920]) and np.abs(out[1920 * 2:]).max() > 0  # silence, then the model
+    err = capsys.readouterr().err
+    assert f"{frames} frames" in err and "budget" in err
