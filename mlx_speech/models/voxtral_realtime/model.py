@@ -21,69 +21,19 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from ...nn.transformer import Block as _Block
 from .config import EncoderConfig, VoxtralRealtimeConfig
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                 rope_theta: float, bias: bool):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.rope_theta = rope_theta
-        self.scale = head_dim**-0.5
-        self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
-        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
-        self.wo = nn.Linear(n_heads * head_dim, dim, bias=bias)
-
-    def rope(self, x: mx.array, offset: int) -> mx.array:
-        return mx.fast.rope(x, self.head_dim, traditional=True, base=self.rope_theta,
-                            scale=1.0, offset=offset)
-
-    def __call__(self, x: mx.array, mask, cache: SlidingKVCache | None) -> mx.array:
-        B, L, _ = x.shape
-        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        offset = 0 if cache is None else cache.rope_offset
-        q, k = self.rope(q, offset), self.rope(k, offset)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, bias: bool):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=bias)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block; `ffn_scale` is the decoder's 1 + ada(t_cond)."""
+class Block(_Block):
+    """Mistral block plus the decoder's ada-norm MLP (`ffn_scale` = 1 + ada(t_cond))."""
 
     def __init__(self, dim, n_heads, n_kv_heads, head_dim, hidden, rope_theta, eps,
                  bias: bool, ada_dim: int = 0):
-        super().__init__()
-        self.attention = Attention(dim, n_heads, n_kv_heads, head_dim, rope_theta, bias)
-        self.attention_norm = nn.RMSNorm(dim, eps=eps)
-        self.feed_forward = FeedForward(dim, hidden, bias)
-        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+        super().__init__(dim, n_heads, n_kv_heads, head_dim, hidden, rope_theta, eps, bias)
         if ada_dim:
             self.ada_rms_norm_t_cond = [nn.Linear(dim, ada_dim, bias=False), nn.GELU(),
                                         nn.Linear(ada_dim, dim, bias=False)]
-
-    def __call__(self, x, mask, cache, ffn_scale: mx.array | None = None):
-        h = x + self.attention(self.attention_norm(x), mask, cache)
-        f = self.ffn_norm(h)
-        if ffn_scale is not None:
-            f = f * ffn_scale
-        return h + self.feed_forward(f)
 
 
 def _mask(L: int, window: int, cache: SlidingKVCache | None):

@@ -1,0 +1,183 @@
+"""Voxtral-4B-TTS: text + preset voice -> 24 kHz speech, offline or streamed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ...audio.clip import Audio
+from ...errors import CheckpointError, MlxSpeechError
+from ...hub import load_safetensors, read_json
+from ...text.tekken import Tekken
+from ..asr import load_strict
+from .config import VoxtralTTSConfig
+from .generate import CodecStream, frame_codes
+from .model import Model
+from .text import normalize, split_sentences
+from .voices import DEFAULT_VOICE, Voices
+from .weights import check_keys, remap
+
+__all__ = ["DEFAULT_VOICE", "VoxtralTTS", "load", "normalize", "weight_patterns"]
+
+MISTRAL_FILES = ["params.json", "consolidated*.safetensors", "tekken.json", "voice_embedding/*"]
+MLX_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json", "tekken.json",
+             "voice_embedding/*"]
+MAX_FRAMES = 2048  # 164 s per text chunk
+PAUSE_S = 0.25  # silence between the chunks of a long text
+CHUNK_CHARS = 400
+
+
+def weight_patterns(folder: Path) -> list[str]:
+    """Download one layout only: Mistral-native when the repo has params.json."""
+    return MISTRAL_FILES if (Path(folder) / "params.json").exists() else MLX_FILES
+
+
+def default_max_frames(text: str) -> int:
+    """Generous cap: ~5x a normal speaking rate (~15 characters per second)."""
+    return min(MAX_FRAMES, 64 + 4 * len(text))
+
+
+class VoxtralTTS:
+    """A loaded model. `generate` returns one Audio, `stream` yields Audio chunks."""
+
+    def __init__(self, model: Model, tokenizer: Tekken, voices: Voices,
+                 first_frame: str = "prefill", compile: bool = True):
+        if first_frame not in ("prefill", "audio_step"):
+            raise ValueError("first_frame must be 'prefill' or 'audio_step'")
+        self.model, self.tokenizer, self._voices = model, tokenizer, voices
+        self.config = model.config
+        self.first_frame = first_frame
+        # fixed shapes per frame: compile the semantic head + 7 Euler steps once; the
+        # weights are passed as inputs, so later weight updates are seen.
+        self._decode_frame = (mx.compile(model.decode_frame, inputs=model.state) if compile
+                              else model.decode_frame)
+        t = tokenizer
+        self.ids = {name: t.special_id(tok) for name, tok in (
+            ("bos", "<s>"), ("audio", "[AUDIO]"), ("begin_audio", "[BEGIN_AUDIO]"),
+            ("next_text", "[NEXT_AUDIO_TEXT]"), ("repeat_text", "[REPEAT_AUDIO_TEXT]"))}
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return self._voices.names
+
+    def prompt_ids(self, text: str, n_voice: int) -> list[int]:
+        """[BOS] [BEGIN_AUDIO] [AUDIO]*N [NEXT_AUDIO_TEXT] text [REPEAT_AUDIO_TEXT] [BEGIN_AUDIO]"""
+        i = self.ids
+        return ([i["bos"], i["begin_audio"]] + [i["audio"]] * n_voice + [i["next_text"]]
+                + self.tokenizer.encode(text) + [i["repeat_text"], i["begin_audio"]])
+
+    def codes(self, text: str, voice: str | None = None, seed: int = 0,
+              max_frames: int | None = None, noise: mx.array | None = None) -> np.ndarray:
+        """(T, 37) int codes for one prompt (text used as given, not split)."""
+        rows = list(self._frames(text, voice, seed, max_frames, noise))
+        return np.stack(rows) if rows else np.zeros((0, self.config.n_codebooks), np.int32)
+
+    def _frames(self, text, voice, seed, max_frames, noise=None) -> Iterator[np.ndarray]:
+        voice = self._voices.default() if voice is None else voice
+        rows = self._voices[voice]
+        ids = self.prompt_ids(text, rows.shape[0])
+        prompt = self.model.embed_prompt(ids, rows, self.ids["audio"])
+        n = default_max_frames(text) if max_frames is None else max_frames
+        step = self.ids["audio"] if self.first_frame == "audio_step" else None
+        return frame_codes(self.model, prompt, n, seed, noise, step, self._decode_frame)
+
+    def stream(self, text: str, voice: str | None = None, seed: int = 0,
+               max_frames: int | None = None,
+               progress: Callable[[int, int], None] | None = None,
+               first_frames: int = 4, chunk_frames: int = 16) -> Iterator[Audio]:
+        """Yield 24 kHz float32 Audio chunks as frames are decoded.
+
+        Long text is split at sentence boundaries (fresh prompt per chunk, same
+        voice, `PAUSE_S` of silence between). Chunk j draws its noise from
+        seed + j. `progress(done_chars, total_chars)` is called after each text
+        chunk. The first chunk comes after `first_frames` frames (80 ms each).
+        """
+        voice = self._voices.default() if voice is None else voice
+        self._voices[voice]  # unknown voice: fail before any work
+        chunks = split_sentences(text, CHUNK_CHARS)
+        total, done, frames = sum(len(c) for c in chunks), 0, 0
+        pause = np.zeros(int(PAUSE_S * self.sample_rate), np.float32)
+        for j, chunk in enumerate(chunks):
+            if j:
+                yield Audio(pause, self.sample_rate)
+            dec = CodecStream(self.model.audio_tokenizer, first_frames, chunk_frames)
+            for codes in self._frames(chunk, voice, seed + j, max_frames):
+                frames += 1
+                if (wav := dec.push(codes)) is not None:
+                    yield Audio(wav, self.sample_rate)
+            if (wav := dec.flush()) is not None:
+                yield Audio(wav, self.sample_rate)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+        if frames == 0:
+            raise MlxSpeechError("the model produced no audio (END on the first frame); "
+                                 "try another seed or voice, or rephrase the text")
+
+    def generate(self, text: str, voice: str | None = None, seed: int = 0,
+                 max_frames: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Audio:
+        """Speech for `text` as one 24 kHz float32 Audio (the joined `stream`)."""
+        return Audio.concat(list(self.stream(text, voice, seed, max_frames, progress,
+                                             first_frames=128, chunk_frames=128)))
+
+
+def _read_config(folder: Path) -> tuple[VoxtralTTSConfig, list[Path]]:
+    if (folder / "params.json").exists():
+        cfg = VoxtralTTSConfig.from_params(read_json(folder / "params.json"))
+        files = sorted(folder.glob("consolidated*.safetensors"))
+    elif (folder / "config.json").exists():
+        c = read_json(folder / "config.json")
+        if c.get("model_type") != "voxtral_tts":
+            raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
+                                  "not voxtral_tts")
+        cfg = VoxtralTTSConfig.from_mlx_audio(c)
+        files = sorted(folder.glob("model*.safetensors"))
+    else:
+        raise CheckpointError(f"{folder} has neither params.json nor config.json")
+    if not files:
+        raise CheckpointError(f"no safetensors weights in {folder}")
+    return cfg, files
+
+
+def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
+         first_frame: str = "prefill", compile: bool = True) -> VoxtralTTS:
+    """Load either layout strictly and lazily (memory-mapped).
+
+    `dtype` casts every weight except the fp32-sensitive semantic codebook.
+    `alibi` picks the codec slopes: "vo" (1 .. 1/128, vllm-omni) or "mlxa"
+    (1/2 .. 1/256, mlx-audio). `first_frame`: "prefill" or "audio_step" (§5.1).
+    `compile`: mx.compile the per-frame flow head.
+    """
+    folder = Path(folder)
+    config, files = _read_config(folder)
+    config.codec.alibi = alibi
+    config.codec.__post_init__()
+    tek = folder / "tekken.json"
+    if not tek.exists():
+        raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
+    tokenizer = Tekken.from_file(tek)
+    weights, origin = remap(load_safetensors(files), config)
+    try:  # table sizes come from the weights (tiny configs round differently)
+        config.backbone.vocab_size = weights["tok_embeddings.weight"].shape[0]
+        config.audio_table_rows = weights["audio_codebook_embeddings.embeddings.weight"].shape[0]
+        config.semantic_head_rows = (
+            weights["acoustic_transformer.semantic_codebook_output.weight"].shape[0])
+    except KeyError as e:
+        raise CheckpointError(f"{folder}: checkpoint is missing {e.args[0]!r}") from None
+    model = Model(config)
+    check_keys(weights, origin, {k for k, _ in tree_flatten(model.parameters())})
+    if dtype is not None:
+        weights = {k: v if ".quantizer." in k else v.astype(dtype) for k, v in weights.items()}
+    load_strict(model, weights, folder, None)
+    voices = Voices(folder / "voice_embedding",
+                    tokenizer.audio.get("voice_num_audio_tokens"), config.backbone.dim)
+    return VoxtralTTS(model, tokenizer, voices, first_frame, compile)

@@ -1,0 +1,184 @@
+"""Voxtral-4B-TTS in MLX: Mistral backbone, flow-matching acoustic head, codec.
+
+Quirks worth knowing before reading the code:
+- Backbone: 26-layer Mistral, GQA, interleaved ("traditional") RoPE theta 1e6 on
+  the raw Mistral weights; the heads read the final-normed hidden state.
+- Prompt: voice rows replace the [AUDIO] placeholder embeddings, in order.
+- Per frame: semantic code = masked argmax of a linear head on h (EMPTY and the
+  padding rows masked, END=1 allowed); 36 acoustic values from 7 Euler steps of
+  a 3-token bidirectional transformer [x, time, h] with CFG 1.2 / -0.2 (cond and
+  uncond as one batch of 2; uncond = zero LLM token), then FSQ to 21 levels.
+  Only token 0's output is read, so the last layer computes queries, attention
+  output and FFN for token 0 alone (exact; ~20% fewer flow FLOPs at full size).
+  Every code carries +2 (0 = EMPTY, 1 = END).
+- The next backbone input is the sum of the 37 code embeddings (no token embedding).
+- Time embedding: cos first, then sin.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ...nn.transformer import Block, KVCache
+from .codec import Codec
+from .config import N_SPECIAL, AcousticConfig, VoxtralTTSConfig
+
+
+def time_embedding(t: float, dim: int) -> mx.array:
+    """(dim,) fp32 sinusoid of t, cos first."""
+    half = dim // 2
+    inv_freq = mx.exp(-math.log(10000.0) * mx.arange(half, dtype=mx.float32) / half)
+    e = t * inv_freq
+    return mx.concatenate([mx.cos(e), mx.sin(e)])
+
+
+def inv_freq_formula(dim: int) -> mx.array:
+    half = dim // 2
+    return mx.exp(-math.log(10000.0) * mx.arange(half, dtype=mx.float32) / half)
+
+
+def _first_token_block(layer: Block, seq: mx.array) -> mx.array:
+    """`layer(seq)[:, 0]` computing only what token 0 needs (keys/values of all tokens)."""
+    at, B, L = layer.attention, seq.shape[0], seq.shape[1]
+    x = layer.attention_norm(seq)
+    q = at.wq(x[:, :1]).reshape(B, 1, at.n_heads, -1).transpose(0, 2, 1, 3)
+    k = at.wk(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    v = at.wv(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    o = mx.fast.scaled_dot_product_attention(q, k, v, scale=at.scale)
+    h = seq[:, 0] + at.wo(o.reshape(B, -1))
+    return h + layer.feed_forward(layer.ffn_norm(h))
+
+
+class FlowHead(nn.Module):
+    """`acoustic_transformer.*`: semantic head and the flow-matching velocity model."""
+
+    def __init__(self, a: AcousticConfig, llm_dim: int, n_acoustic: int, semantic_rows: int,
+                 semantic_size: int, levels: int):
+        super().__init__()
+        self.config = a
+        self.semantic_size, self.levels = semantic_size, levels
+        self.input_projection = nn.Linear(n_acoustic, a.dim, bias=False)
+        self.llm_projection = nn.Linear(llm_dim, a.dim, bias=False)
+        self.time_projection = nn.Linear(a.dim, a.dim, bias=False)
+        self.layers = [Block(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, a.hidden_dim, None,
+                             a.norm_eps) for _ in range(a.n_layers)]
+        self.norm = nn.RMSNorm(a.dim, eps=a.norm_eps)
+        self.semantic_codebook_output = nn.Linear(llm_dim, semantic_rows, bias=False)
+        self.acoustic_codebook_output = nn.Linear(a.dim, n_acoustic, bias=False)
+
+    def timesteps(self) -> list[float]:
+        n = self.config.n_steps
+        return [i / n for i in range(n + 1)]
+
+    def time_table(self) -> mx.array:
+        """(n_steps, dim) projected time embeddings, the same for every frame."""
+        ts = self.timesteps()[:-1]
+        temb = mx.stack([time_embedding(t, self.config.dim) for t in ts])
+        return self.time_projection(temb)
+
+    def semantic(self, h: mx.array) -> mx.array:
+        """(B, llm_dim) -> (B,) int32 code in the +2 space (1 = END)."""
+        logits = self.semantic_codebook_output(h).astype(mx.float32)
+        idx = mx.arange(logits.shape[-1])
+        allowed = (idx >= 1) & (idx < self.semantic_size + N_SPECIAL)
+        logits = mx.where(allowed, logits, -mx.inf)
+        return mx.argmax(logits, axis=-1).astype(mx.int32)
+
+    def velocity(self, x: mx.array, t_proj: mx.array, cond: mx.array) -> mx.array:
+        """x (1, n_ac), t_proj (dim,), cond (2, dim) = [llm_projection(h), 0] -> (2, n_ac)."""
+        a = mx.broadcast_to(self.input_projection(x.astype(cond.dtype)), cond.shape)
+        t = mx.broadcast_to(t_proj.astype(a.dtype), cond.shape)
+        seq = mx.stack([a, t, cond.astype(a.dtype)], axis=1)
+        for layer in self.layers[:-1]:
+            seq = layer(seq)
+        return self.acoustic_codebook_output(self.norm(_first_token_block(self.layers[-1], seq)))
+
+    def acoustic(self, h: mx.array, noise: mx.array, t_table: mx.array) -> mx.array:
+        """h (1, llm_dim), noise (1, n_ac) -> (1, n_ac) int32 FSQ codes (+2).
+
+        The transformer runs in h's dtype; the Euler state stays fp32.
+        """
+        a = self.config
+        c = self.llm_projection(h)
+        cond = mx.concatenate([c, mx.zeros_like(c)], axis=0)
+        x = noise.astype(mx.float32) * a.sigma_max
+        ts = self.timesteps()
+        for i in range(a.n_steps):
+            v = self.velocity(x, t_table[i], cond)
+            v = v.astype(mx.float32)
+            v = a.cfg_alpha * v[:1] + (1.0 - a.cfg_alpha) * v[1:]
+            x = x + v * (ts[i + 1] - ts[i])
+        x = mx.clip(x, -1.0, 1.0)
+        q = mx.clip(mx.round((x + 1.0) * (self.levels - 1) / 2.0), 0, self.levels - 1)
+        return q.astype(mx.int32) + N_SPECIAL
+
+
+class AudioCodeEmbeddings(nn.Module):
+    def __init__(self, rows: int, dim: int):
+        super().__init__()
+        self.embeddings = nn.Embedding(rows, dim)
+
+
+class Model(nn.Module):
+    """Attribute names follow the Mistral checkpoint (`mm_audio_embeddings.` stripped)."""
+
+    def __init__(self, config: VoxtralTTSConfig):
+        super().__init__()
+        self.config = config
+        b = config.backbone
+        self.tok_embeddings = nn.Embedding(b.vocab_size, b.dim)
+        self.layers = [Block(b.dim, b.n_heads, b.n_kv_heads, b.head_dim, b.hidden_dim,
+                             b.rope_theta, b.norm_eps) for _ in range(b.n_layers)]
+        self.norm = nn.RMSNorm(b.dim, eps=b.norm_eps)
+        self.audio_codebook_embeddings = AudioCodeEmbeddings(config.audio_table_rows, b.dim)
+        self.acoustic_transformer = FlowHead(
+            config.acoustic, b.dim, config.n_acoustic_codebook, config.semantic_head_rows,
+            config.semantic_codebook_size, config.acoustic_codebook_size)
+        self.audio_tokenizer = Codec(config.codec)
+        self._offsets = config.code_offsets
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.tok_embeddings.weight.dtype
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def embed_prompt(self, ids: list[int], voice: mx.array, audio_id: int) -> mx.array:
+        """(1, L, dim): token embeddings with the voice rows at the [AUDIO] positions."""
+        pos = [i for i, t in enumerate(ids) if t == audio_id]
+        if len(pos) != voice.shape[0]:
+            raise ValueError(f"prompt has {len(pos)} [AUDIO] placeholders but the voice has "
+                             f"{voice.shape[0]} rows")
+        e = self.tok_embeddings(mx.array(ids))
+        if pos:
+            e[mx.array(pos)] = voice.astype(e.dtype)
+        return e[None]
+
+    def hidden(self, x: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        """(B, L, dim) input embeddings -> (B, L, dim) final-normed hidden states."""
+        L = x.shape[1]
+        offset = 0 if cache is None else cache[0].offset
+        if L == 1:
+            mask = None
+        elif offset == 0:
+            mask = "causal"
+        else:
+            mask = mx.arange(offset, offset + L)[:, None] >= mx.arange(offset + L)[None]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, None if cache is None else cache[i])
+        return self.norm(x)
+
+    def feedback(self, codes: mx.array) -> mx.array:
+        """(B, n_codebooks) codes -> (B, 1, dim) sum of their embeddings."""
+        idx = codes + mx.array(self._offsets, dtype=codes.dtype)
+        return self.audio_codebook_embeddings.embeddings(idx).sum(axis=1, keepdims=True)
+
+    def decode_frame(self, h: mx.array, noise: mx.array, t_table: mx.array) -> mx.array:
+        """h (1, dim) last hidden state, noise (1, n_ac) -> (1, n_codebooks) int32 codes."""
+        sem = self.acoustic_transformer.semantic(h)
+        ac = self.acoustic_transformer.acoustic(h, noise, t_table)
+        return mx.concatenate([sem[:, None], ac], axis=-1)

@@ -1,0 +1,109 @@
+"""Mistral-style pre-norm transformer pieces (names follow Mistral checkpoints).
+
+Attention (`wq/wk/wv/wo`, GQA, optional interleaved RoPE), SwiGLU FeedForward
+(`w1/w2/w3`) and Block (`attention_norm`, `ffn_norm`). `rope_theta=None` gives
+attention without positions (e.g. a bidirectional head over a few tokens).
+Caches are passed in; they need `update_and_fetch(k, v)` and `rope_offset`.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class KVCache:
+    """Keys/values of every position so far, grown in steps (no window)."""
+
+    def __init__(self, step: int = 256):
+        self.step = step
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    @property
+    def rope_offset(self) -> int:
+        return self.offset
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        """Append (B, H, L, D) keys/values; return all of them."""
+        L = k.shape[2]
+        end = self.offset + L
+        if self.keys is None or end > self.keys.shape[2]:
+            n = -(-end // self.step) * self.step
+            B, H, _, D = k.shape
+            new_k = mx.zeros((B, H, n, D), k.dtype)
+            new_v = mx.zeros((B, H, n, v.shape[-1]), v.dtype)
+            if self.keys is not None:
+                new_k[:, :, : self.offset] = self.keys[:, :, : self.offset]
+                new_v[:, :, : self.offset] = self.values[:, :, : self.offset]
+            self.keys, self.values = new_k, new_v
+        self.keys[:, :, self.offset : end] = k
+        self.values[:, :, self.offset : end] = v
+        self.offset = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in (self.keys, self.values) if a is not None]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 rope_theta: float | None, bias: bool = False):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.rope_theta = rope_theta
+        self.scale = head_dim**-0.5
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=bias)
+
+    def rope(self, x: mx.array, offset: int) -> mx.array:
+        return mx.fast.rope(x, self.head_dim, traditional=True, base=self.rope_theta,
+                            scale=1.0, offset=offset)
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        B, L, _ = x.shape
+        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if self.rope_theta is not None:
+            offset = 0 if cache is None else cache.rope_offset
+            q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool = False):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm block; `ffn_scale` (optional) multiplies the normed FFN input."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, hidden: int,
+                 rope_theta: float | None, eps: float, bias: bool = False):
+        super().__init__()
+        self.attention = Attention(dim, n_heads, n_kv_heads, head_dim, rope_theta, bias)
+        self.attention_norm = nn.RMSNorm(dim, eps=eps)
+        self.feed_forward = FeedForward(dim, hidden, bias)
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+
+    def __call__(self, x: mx.array, mask=None, cache=None,
+                 ffn_scale: mx.array | None = None) -> mx.array:
+        h = x + self.attention(self.attention_norm(x), mask, cache)
+        f = self.ffn_norm(h)
+        if ffn_scale is not None:
+            f = f * ffn_scale
+        return h + self.feed_forward(f)
