@@ -2,107 +2,36 @@
 
 A `.nemo` file is a tar (plain or gzip) holding `model_config.yaml`,
 `model_weights.ckpt` (a torch.save zip of a plain state dict) and tokenizer
-artifacts named `<uuid>_tokenizer.model`. The state dict's pickle is read by an
-unpickler that only knows the handful of globals torch.save writes for tensors;
-anything else is rejected. Keys are renamed to the transformers layout, so the
+artifacts named `<uuid>_tokenizer.model`. The state dict is read with
+`mlx_speech.torchfile`, which builds tensors and plain containers only and
+rejects any other pickled global. Keys are renamed to the transformers layout, so the
 rest of the loader (and `convert_nemo`'s output folder) is the HF path.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 import tarfile
-import zipfile
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 
 from ...errors import CheckpointError
+from ...torchfile import load_torch
 from .weights import hf_name
-
-_DTYPES = {  # torch storage class -> numpy dtype (bfloat16 read as raw uint16)
-    "FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": np.uint16,
-    "DoubleStorage": np.float64, "LongStorage": np.int64, "IntStorage": np.int32,
-    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
-    "BoolStorage": np.bool_,
-}
-
-class _Storage:
-    def __init__(self, kind: str):
-        self.kind = kind
-
-
-def _rebuild_tensor(storage, offset, size, stride, *_):
-    flat = storage
-    itemsize = flat.dtype.itemsize
-    view = np.lib.stride_tricks.as_strided(
-        flat[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride))
-    return np.ascontiguousarray(view)
-
-
-class _OrderedDict(dict):
-    pass
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    """Only tensors, storages and (ordered) dicts: no other global can be built."""
-
-    def __init__(self, data: bytes, zf: zipfile.ZipFile, prefix: str):
-        super().__init__(io.BytesIO(data))
-        self.zf, self.prefix = zf, prefix
-        self.bf16: set[int] = set()
-
-    def find_class(self, module: str, name: str):
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return self._rebuild
-        if module == "torch" and name in _DTYPES:
-            return _Storage(name)
-        if module == "collections" and name == "OrderedDict":
-            return _OrderedDict
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-    def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
-        kind, key = pid[1], pid[2]
-        if not isinstance(kind, _Storage):
-            raise pickle.UnpicklingError("storage without a known type")
-        raw = self.zf.read(f"{self.prefix}data/{key}")
-        arr = np.frombuffer(raw, dtype=_DTYPES[kind.kind])
-        return (arr, kind.kind == "BFloat16Storage")
-
-    def _rebuild(self, storage, offset, size, stride, *rest):
-        arr, is_bf16 = storage
-        out = _rebuild_tensor(arr, offset, size, stride)
-        if is_bf16:
-            self.bf16.add(id(out))
-        return out
 
 
 def read_state_dict(data: bytes) -> dict[str, mx.array]:
     """A torch.save zip archive of a flat name -> tensor dict, as MLX arrays."""
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-        pkl = next(n for n in zf.namelist() if n.endswith("data.pkl"))
-        up = _SafeUnpickler(zf.read(pkl), zf, pkl[: -len("data.pkl")])
-        sd = up.load()
-    except (zipfile.BadZipFile, StopIteration):
-        raise CheckpointError("model_weights.ckpt is not a torch zip archive "
-                              "(legacy torch.save format is not supported)") from None
-    except (pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError) as e:
-        raise CheckpointError(f"cannot read model_weights.ckpt: {e}") from None
-    if "state_dict" in sd and isinstance(sd["state_dict"], dict):
+    sd = load_torch(data, name="model_weights.ckpt")
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
-    out = {}
+    if not isinstance(sd, dict):
+        raise CheckpointError("model_weights.ckpt does not hold a state dict")
     for k, v in sd.items():
-        if not isinstance(v, np.ndarray):
+        if not isinstance(v, mx.array):
             raise CheckpointError(f"model_weights.ckpt entry {k!r} is not a tensor")
-        a = mx.array(v)
-        out[k] = a.view(mx.bfloat16) if id(v) in up.bf16 else a
-    return out
+    return dict(sd)
 
 
 def _member(tar: tarfile.TarFile, pattern: str) -> tarfile.TarInfo | None:
