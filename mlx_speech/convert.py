@@ -1,6 +1,14 @@
 """mlx_speech.convert: checkpoints into memory-mapped safetensors, no pickled code run.
 
-    mlx_speech.convert model.nemo out/     # NeMo archive -> config.json + model.safetensors
+    mlx_speech.convert model.nemo out/                   # NeMo -> config.json + model.safetensors
+    mlx_speech.convert voice.pt voice.safetensors        # one torch.save file
+    mlx_speech.convert voice_embedding/ voices/          # every .pt in a folder
+
+torch.save files (.pt .pth .ckpt .bin) are read without torch. A file holding
+a bare tensor (a Voxtral TTS voice) is saved under the key "embedding"; a
+state dict or nested dict keeps its names, joined with dots. dtypes (bf16
+included) are kept, except float64, which MLX cannot load and is stored as
+float32. Converting the same file twice gives identical bytes.
 """
 
 from __future__ import annotations
@@ -9,31 +17,173 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import MlxSpeechError
+from .errors import CheckpointError, MlxSpeechError
+
+TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+METADATA = {"format": "pt"}  # tensors keep torch's names and layouts
 
 
-def convert(src: Path, out: Path) -> Path:
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def torch_tensors(src: str | Path) -> dict:
+    """The tensors of a torch.save file, by name: a bare tensor becomes "embedding"."""
+    import mlx.core as mx
+
+    from .torchfile import flatten_tensors, load_torch
+
+    obj = load_torch(src)
+    if isinstance(obj, mx.array):
+        return {"embedding": obj}
+    tensors = flatten_tensors(obj)
+    if not tensors:
+        raise CheckpointError(f"{src} holds no tensors")
+    return tensors
+
+
+_ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16",
+              "uint32": "U32", "int32": "I32", "uint64": "U64", "int64": "I64",
+              "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
+              "complex64": "C64"}
+
+
+def save_safetensors(path: str | Path, tensors: dict) -> None:
+    """Write a safetensors file atomically and byte-for-byte reproducibly.
+
+    Keys are sorted, the header is compact JSON with fixed metadata, and every
+    dtype MLX arrays hold is kept (mx.save_safetensors refuses float64).
+    """
+    import json
+
+    import mlx.core as mx
+    import numpy as np
+
+    from .audio.io import atomic_output
+
+    names = sorted(tensors)
+    header: dict = {"__metadata__": METADATA}
+    start = 0
+    for k in names:
+        a = tensors[k]
+        kind = str(a.dtype).rsplit(".", 1)[-1]
+        if kind not in _ST_DTYPES:
+            raise MlxSpeechError(f"tensor {k!r} has dtype {kind}, which safetensors cannot hold")
+        header[k] = {"dtype": _ST_DTYPES[kind], "shape": list(a.shape),
+                     "data_offsets": [start, start + a.nbytes]}
+        start += a.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with atomic_output(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(len(blob).to_bytes(8, "little") + blob)
+            for k in names:
+                a = tensors[k]
+                arr = np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+                f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def convert_torch_file(src: Path, dst: Path) -> Path:
+    import mlx.core as mx
+
+    tensors = torch_tensors(src)
+    f64 = [k for k, v in tensors.items() if v.dtype == mx.float64]
+    if f64:  # valid safetensors, but mx.load cannot read F64
+        log(f"{src.name}: storing {len(f64)} float64 tensor(s) as float32 "
+            f"({', '.join(f64[:3])}{', ...' if len(f64) > 3 else ''})")
+        tensors.update({k: tensors[k].astype(mx.float32) for k in f64})
+    save_safetensors(dst, tensors)
+    return dst
+
+
+def _file_target(src: Path, out: Path) -> Path:
+    if out.suffix == ".safetensors":
+        return out
+    if out.exists() and not out.is_dir():
+        raise MlxSpeechError(f"output {out} must be a .safetensors file or a folder")
+    _mkdir(out)
+    return out / (src.stem + ".safetensors")
+
+
+def _mkdir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise MlxSpeechError(f"cannot create folder {out}: a file is in the way") from None
+    except OSError as e:
+        raise MlxSpeechError(f"cannot create folder {out}: {e.strerror or e}") from None
+
+
+def convert_folder(src: Path, out: Path, *, progress: bool = True) -> list[Path]:
+    """Every torch.save file directly in `src` -> `out/<stem>.safetensors`."""
+    files = sorted(p for p in src.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
+    if not files:
+        raise MlxSpeechError(f"no {'/'.join(TORCH_SUFFIXES)} files in {src}")
+    stems = [p.stem for p in files]
+    if len(set(stems)) != len(stems):
+        dup = sorted({s for s in stems if stems.count(s) > 1})
+        raise MlxSpeechError(f"{src} has several files named {dup[0]}.*; convert them one by one")
+    if out.suffix == ".safetensors" or (out.exists() and not out.is_dir()):
+        raise MlxSpeechError(f"output {out} must be a folder when converting a folder")
+    _mkdir(out)
+    bar = None
+    if progress and len(files) > 1:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(files), unit="file", desc="converting", file=sys.stderr,
+                   leave=False)
+    written = []
+    try:
+        for f in files:
+            if bar is not None:
+                bar.set_postfix_str(f.name)
+            written.append(convert_torch_file(f, out / (f.stem + ".safetensors")))
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    return written
+
+
+def convert(src: str | Path, out: str | Path, *, progress: bool = True) -> list[Path]:
+    """Convert `src` (a .nemo, a torch.save file or a folder of them) into `out`.
+
+    Returns the paths written (for .nemo: the output folder).
+    """
+    src, out = Path(src), Path(out)
     if not src.exists():
-        raise MlxSpeechError(f"no such file: {src}")
+        raise MlxSpeechError(f"no such file or folder: {src}")
+    if src.is_dir():
+        return convert_folder(src, out, progress=progress)
     if src.suffix == ".nemo":
         from .models.nemotron_streaming.nemo import convert_nemo
 
-        return convert_nemo(src, out)
-    raise MlxSpeechError(f"don't know how to convert {src.name} (supported: .nemo)")
+        return [convert_nemo(src, out)]
+    if src.suffix in TORCH_SUFFIXES:
+        return [convert_torch_file(src, _file_target(src, out))]
+    raise MlxSpeechError(f"don't know how to convert {src.name} (supported: .nemo, "
+                         f"{', '.join(TORCH_SUFFIXES)}, or a folder of those)")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mlx_speech.convert", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", help="checkpoint to convert (.nemo)")
-    p.add_argument("out", help="output folder")
+    p.add_argument("src", help="checkpoint to convert: .nemo, .pt/.pth/.ckpt/.bin, or a folder")
+    p.add_argument("out", help="output: a folder, or a .safetensors file for one torch file")
     args = p.parse_args(argv)
     try:
-        out = convert(Path(args.src), Path(args.out))
+        written = convert(args.src, args.out)
     except MlxSpeechError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log(f"error: {e}")
         return 1
-    print(f"wrote {out}", file=sys.stderr)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    if len(written) == 1:
+        log(f"wrote {written[0]}")
+    else:
+        log(f"wrote {len(written)} files to {args.out}")
     return 0
 
 
