@@ -1,8 +1,17 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
 
-from mlx_speech.audio import check_audio, load_audio, write_audio
+from mlx_speech.audio import (
+    atomic_output,
+    check_audio,
+    check_writable,
+    load_audio,
+    output_format,
+    write_audio,
+)
 from mlx_speech.errors import AudioError, MlxSpeechError
 
 
@@ -108,19 +117,113 @@ def test_write_round_trip(tmp_path, ext):
     assert sf.info(str(tmp_path / f"o.{ext}")).format == ext.upper()
 
 
+# (suffix, sample rate in, container, subtype, rate in the file)
+LOSSY = [
+    ("ogg", 24000, "OGG", "VORBIS", 24000),
+    ("opus", 24000, "OGG", "OPUS", 24000),  # a rate Opus takes: kept
+    ("opus", 22050, "OGG", "OPUS", 48000),  # one it does not: resampled to 48 kHz
+    ("mp3", 24000, "MP3", "MPEG_LAYER_III", 24000),
+    ("mp3", 96000, "MP3", "MPEG_LAYER_III", 48000),  # above MPEG's rates
+    ("mp3", 20000, "MP3", "MPEG_LAYER_III", 22050),  # the next MPEG rate up
+]
+
+
+@pytest.mark.parametrize("ext,sr,container,subtype,sr_file", LOSSY)
+def test_write_lossy_formats(tmp_path, ext, sr, container, subtype, sr_file):
+    x = sine(sr, seconds=1.0)
+    p = tmp_path / f"o.{ext}"
+    write_audio(p, x, sr)
+    info = sf.info(str(p))
+    assert (info.format, info.subtype, info.samplerate) == (container, subtype, sr_file)
+    y, sr_read = sf.read(str(p), dtype="float32")
+    assert sr_read == sr_file
+    assert abs(len(y) - sr_file) <= 0.01 * sr_file  # 1 s, give or take codec padding
+    # still a 440 Hz tone: its energy sits in the 440 Hz bin
+    spec = np.abs(np.fft.rfft(y[: sr_file // 2] * np.hanning(sr_file // 2)))
+    assert abs(np.argmax(spec) * 2 - 440) <= 4
+
+
+def test_write_raw_pcm(tmp_path):
+    x = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 2.0], np.float32)
+    for name in ("o.pcm", "o.raw"):
+        write_audio(tmp_path / name, x, 24000)
+        y = np.fromfile(tmp_path / name, dtype="<i2")
+        assert y.tolist() == [0, 16384, -16384, 32767, -32767, 32767]  # clipped, no header
+    write_audio(tmp_path / "o.bin", sine(24000), 24000, format="pcm")
+    assert (tmp_path / "o.bin").stat().st_size == 2 * 12000
+
+
 def test_write_ogg_and_explicit_format(tmp_path):
     write_audio(tmp_path / "o.ogg", sine(24000), 24000)
     assert sf.info(str(tmp_path / "o.ogg")).format == "OGG"
     write_audio(tmp_path / "noext", sine(16000), 16000, format="wav")
     assert sf.info(str(tmp_path / "noext")).format == "WAV"
+    write_audio(tmp_path / "x.wav", sine(16000), 16000, format="FLAC")  # format wins
+    assert sf.info(str(tmp_path / "x.wav")).format == "FLAC"
+
+
+def test_output_format():
+    assert output_format("a.WAV") == "wav" and output_format("a.raw") == "pcm"
+    assert output_format("a", "opus") == "opus"
+    with pytest.raises(MlxSpeechError, match="unsupported audio format 'm4a'.*wav, flac, ogg"):
+        output_format("a.m4a")
+    with pytest.raises(MlxSpeechError, match="no extension"):
+        output_format("out")
+
+
+def test_missing_encoder_is_named(monkeypatch):
+    monkeypatch.setattr(sf, "available_formats", lambda: {"WAV": "", "FLAC": "", "OGG": ""})
+    with pytest.raises(MlxSpeechError, match=r"no mp3 encoder \(needs libsndfile >= 1.1"):
+        output_format("a.mp3")
+    assert output_format("a.wav") == "wav"
 
 
 def test_write_errors(tmp_path):
-    with pytest.raises(MlxSpeechError, match="unsupported audio format 'mp3'"):
-        write_audio(tmp_path / "o.mp3", sine(16000), 16000)
+    with pytest.raises(MlxSpeechError, match="unsupported audio format 'aac'"):
+        write_audio(tmp_path / "o.aac", sine(16000), 16000)
     with pytest.raises(MlxSpeechError, match="does not exist"):
         write_audio(tmp_path / "missing" / "o.wav", sine(16000), 16000)
+    with pytest.raises(MlxSpeechError, match="is a folder"):
+        write_audio(tmp_path, sine(16000), 16000, format="wav")
+    (tmp_path / "file").write_text("x")
     with pytest.raises(MlxSpeechError, match="cannot write"):
-        write_audio(tmp_path, sine(16000), 16000, format="wav")  # a folder
+        write_audio(tmp_path / "file" / "o.wav", sine(16000), 16000)
     with pytest.raises(AudioError, match="NaN"):
         write_audio(tmp_path / "o.wav", np.array([np.nan], np.float32), 16000)
+    with pytest.raises(AudioError, match="mono"):
+        write_audio(tmp_path / "o.wav", np.zeros((4, 2), np.float32), 16000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temp files left
+
+
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "o.wav"
+    write_audio(p, sine(16000), 16000)
+    before = p.read_bytes()
+
+    def broken(path, *a, **k):
+        Path(path).write_bytes(b"RIFF half")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(sf, "write", broken)
+    with pytest.raises(MlxSpeechError, match="cannot write .*o.wav: disk full"):
+        write_audio(p, sine(8000), 8000)
+    assert p.read_bytes() == before
+    assert [q.name for q in tmp_path.iterdir()] == ["o.wav"]
+
+
+def test_atomic_output_and_check_writable(tmp_path):
+    p = tmp_path / "a.bin"
+    with atomic_output(p) as tmp:
+        assert tmp.parent == tmp_path and tmp.suffix == ".bin" and tmp.exists()
+        tmp.write_bytes(b"ok")
+        assert not p.exists()
+    assert p.read_bytes() == b"ok"
+    with pytest.raises(KeyboardInterrupt), atomic_output(p) as tmp:
+        tmp.write_bytes(b"partial")
+        raise KeyboardInterrupt
+    assert p.read_bytes() == b"ok" and [q.name for q in tmp_path.iterdir()] == ["a.bin"]
+    check_writable(p)
+    check_writable(tmp_path / "new.wav")
+    assert p.read_bytes() == b"ok" and [q.name for q in tmp_path.iterdir()] == ["a.bin"]
+    with pytest.raises(MlxSpeechError, match="does not exist"):
+        check_writable(tmp_path / "no" / "x.wav")

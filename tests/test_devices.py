@@ -1,12 +1,14 @@
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mlx_speech.audio.devices import Microphone
+from mlx_speech.audio.devices import Microphone, Speaker, check_output_device
 from mlx_speech.errors import DeviceError
 
 
@@ -14,15 +16,57 @@ class PortAudioError(Exception):
     pass
 
 
-def fake_sounddevice(monkeypatch, *, has_input=True, open_error=None):
+def fake_sounddevice(monkeypatch, *, has_input=True, has_output=True, open_error=None,
+                     run_device=False):
+    """A stand-in sounddevice. With run_device, an OutputStream pulls audio from its
+    callback on a thread (like PortAudio) and records it in `stream.played`."""
     sd = types.ModuleType("sounddevice")
     sd.PortAudioError = PortAudioError
     sd.streams = []
 
     def query_devices(device=None, kind=None):
-        if not has_input:
+        if not (has_input if kind == "input" else has_output):
             raise PortAudioError("Error querying device -1")
-        return {"name": "fake mic", "max_input_channels": 1}
+        return {"name": "fake device", "max_input_channels": 1, "max_output_channels": 2}
+
+    class OutputStream:
+        def __init__(self, **kw):
+            if open_error is not None:
+                raise open_error
+            self.kw, self.started, self.closed, self.aborted = kw, False, False, False
+            self.played: list[np.ndarray] = []
+            self._thread = None
+            sd.streams.append(self)
+
+        def pull(self, frames=None):
+            frames = frames or self.kw["blocksize"]
+            out = np.full((frames, 1), np.nan, np.float32)  # the callback must fill it all
+            self.kw["callback"](out, frames, None, None)
+            self.played.append(out[:, 0].copy())
+            return out[:, 0]
+
+        def _run(self):
+            while self.started:
+                self.pull()
+                time.sleep(0.001)
+
+        def start(self):
+            self.started = True
+            if run_device:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+
+        def stop(self):
+            self.started = False
+            if self._thread is not None:
+                self._thread.join()
+
+        def abort(self):
+            self.aborted = True
+            self.stop()
+
+        def close(self):
+            self.closed = True
 
     class InputStream:
         def __init__(self, **kw):
@@ -40,7 +84,7 @@ def fake_sounddevice(monkeypatch, *, has_input=True, open_error=None):
         def close(self):
             self.closed = True
 
-    sd.query_devices, sd.InputStream = query_devices, InputStream
+    sd.query_devices, sd.InputStream, sd.OutputStream = query_devices, InputStream, OutputStream
     monkeypatch.setitem(sys.modules, "sounddevice", sd)
     return sd
 
@@ -128,3 +172,121 @@ def test_import_does_not_load_sounddevice():
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+# ---- Speaker ----
+
+def test_speaker_plays_everything_in_order(monkeypatch):
+    sd = fake_sounddevice(monkeypatch, run_device=True)
+    x = np.linspace(-0.9, 0.9, 1000, dtype=np.float32)
+    with Speaker(24000, 256) as sp:
+        (stream,) = sd.streams
+        assert stream.kw["samplerate"] == 24000 and stream.kw["blocksize"] == 256
+        assert stream.kw["channels"] == 1 and stream.kw["dtype"] == "float32"
+        for part in np.split(x, [7, 300, 301, 820]):  # odd sizes: carried across writes
+            sp.write(part)
+    assert stream.closed and not stream.aborted  # left normally: drained, then stopped
+    out = np.concatenate(stream.played)
+    start = np.flatnonzero(out)[0]  # silence before the first write is fine
+    np.testing.assert_array_equal(out[start:start + 1000], x)
+    assert not np.any(out[start + 1000:]) and not np.isnan(out).any()
+    assert sp.underruns == 0
+
+
+def test_speaker_counts_gaps_not_startup_silence(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    sp = Speaker(16000, 100)
+    sp.start()
+    stream = sd.streams[0]
+    assert not stream.pull().any() and sp.underruns == 0  # nothing written yet
+    sp.write(np.full(150, 0.5, np.float32))  # one block queued, 50 samples carried
+    assert np.all(stream.pull() == 0.5)
+    assert not stream.pull().any() and sp.underruns == 1  # ran dry mid-stream
+    stream.pull()
+    assert sp.underruns == 1  # one gap, however long
+    sp.write(np.full(50, 0.25, np.float32))  # completes the carried block
+    got = stream.pull(60)  # callback sizes need not match the block size
+    assert np.all(got[:50] == 0.5) and np.all(got[50:] == 0.25)
+    got = stream.pull(60)
+    assert np.all(got[:40] == 0.25) and not got[40:].any() and sp.underruns == 2
+    sp.close()
+
+
+def test_speaker_write_blocks_instead_of_dropping(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    sp = Speaker(1000, 100, max_seconds=0.2)  # room for 2 blocks
+    sp.start()
+    blocks = [np.full(100, v / 10, np.float32) for v in range(5)]
+    writer = threading.Thread(target=lambda: sp.write(np.concatenate(blocks)), daemon=True)
+    writer.start()
+    time.sleep(0.3)
+    assert writer.is_alive()  # waiting for room, not dropping
+    assert sp.pending_seconds() == pytest.approx(0.2)
+    got, deadline = [], time.monotonic() + 5
+    while len(got) < 5 and time.monotonic() < deadline:
+        if sp.pending_seconds() > 0:  # pull only when audio is there: no underruns here
+            got.append(sd.streams[0].pull()[0])
+        else:
+            time.sleep(0.005)
+    writer.join(timeout=2)
+    assert not writer.is_alive()
+    np.testing.assert_allclose(got, [0.0, 0.1, 0.2, 0.3, 0.4], atol=1e-7)
+    sp.close()
+    with pytest.raises(DeviceError, match="closed"):
+        sp.write(np.zeros(100, np.float32))
+
+
+def test_speaker_drain_times_out_if_the_device_stalls(monkeypatch):
+    fake_sounddevice(monkeypatch)  # nobody pulls audio
+    sp = Speaker(1000, 100)
+    sp.start()
+    sp.write(np.zeros(250, np.float32))
+    t0 = time.monotonic()
+    assert sp.drain(timeout=0.2) is False
+    assert 0.15 < time.monotonic() - t0 < 2
+    sp.close()
+
+
+def test_speaker_exception_aborts_without_draining(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)  # nobody pulls: draining would hang
+    with pytest.raises(KeyboardInterrupt):
+        with Speaker(1000, 100) as sp:
+            sp.write(np.zeros(10000, np.float32))
+            raise KeyboardInterrupt
+    assert sd.streams[0].aborted and sd.streams[0].closed
+
+
+def test_speaker_prebuffer(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    sp = Speaker(1000, 100, prebuffer_seconds=0.3)
+    sp.start()
+    sp.write(np.ones(200, np.float32))
+    assert not sd.streams[0].pull().any() and sp.underruns == 0  # 2 of 3 blocks: waiting
+    sp.write(np.ones(100, np.float32))
+    assert sd.streams[0].pull().all()
+    sp.close()
+
+
+def test_speaker_callback_never_raises(monkeypatch):
+    fake_sounddevice(monkeypatch)
+    sp = Speaker(1000, 100)
+    sp.start()
+    sp.write(np.ones(100, np.float32))
+    bad = np.ones(7, np.float32)  # not (frames, channels): the callback must swallow it
+    sp._callback(bad, 100, None, None)
+    assert not bad.any()
+    sp.close()
+
+
+def test_speaker_device_errors_carry_the_hint(monkeypatch):
+    fake_sounddevice(monkeypatch, has_output=False)
+    with pytest.raises(DeviceError, match="no audio output device; use -o FILE"):
+        Speaker(24000, 480, hint="; use -o FILE").start()
+    with pytest.raises(DeviceError, match="no audio output device matching 'hdmi'"):
+        check_output_device("hdmi")
+    fake_sounddevice(monkeypatch, open_error=PortAudioError("Invalid sample rate"))
+    with pytest.raises(DeviceError, match="does not support 24000 Hz"):
+        Speaker(24000).start()
+    monkeypatch.setitem(sys.modules, "sounddevice", None)
+    with pytest.raises(DeviceError, match=r"mlx-speech\[live\]'; use -o FILE"):
+        check_output_device(hint="; use -o FILE")

@@ -1,5 +1,14 @@
 from mlx_speech.audio.clip import Audio
-from mlx_speech.audio.io import check_audio, load_audio, write_audio
+from mlx_speech.audio.io import (
+    WRITE_FORMATS,
+    atomic_output,
+    check_audio,
+    check_writable,
+    load_audio,
+    output_format,
+    write_audio,
+)
 from mlx_speech.audio.resample import resample
 
-__all__ = ["Audio", "check_audio", "load_audio", "resample", "write_audio"]
+__all__ = ["WRITE_FORMATS", "Audio", "atomic_output", "check_audio", "check_writable",
+           "load_audio", "output_format", "resample", "write_audio"]
