@@ -129,17 +129,6 @@ def live(model, args, max_lag_frames: int = 3) -> None:
             log(f"{stats.summary()}, {speaker.underruns} speaker underruns")
 
 
-def _check_output(path: Path, fmt: str | None) -> None:
-    from .audio.io import WRITE_FORMATS
-
-    fmt = (fmt or path.suffix.lstrip(".")).lower()
-    if fmt not in WRITE_FORMATS:
-        raise MlxSpeechError(f"unsupported output format {fmt or '(none)'!r} "
-                             f"(use one of: {', '.join(sorted(WRITE_FORMATS))})")
-    if not path.parent.is_dir():
-        raise MlxSpeechError(f"cannot write {path}: folder {path.parent} does not exist")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlx_speech.chat", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,7 +158,10 @@ def _run(args) -> None:
     if args.tail < 0:
         raise MlxSpeechError("--tail must be >= 0")
     if args.output:
-        _check_output(Path(args.output), args.format)
+        from .audio.io import check_writable, output_format
+
+        output_format(args.output, args.format)
+        check_writable(args.output)
     if args.input and not Path(args.input).exists():
         raise MlxSpeechError(f"audio file not found: {args.input}")
     import mlx_speech

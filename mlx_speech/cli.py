@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"transcribe": "mlx_speech.transcribe", "convert": "mlx_speech.convert"}
+COMMANDS = {
+    "transcribe": "mlx_speech.transcribe",
+    "say": "mlx_speech.say",
+    "chat": "mlx_speech.chat",
+    "convert": "mlx_speech.convert",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,7 +74,7 @@ def test_list_voices(fake, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["-o", "x.wav"], "-o needs --input"),
     (["--input", "missing.wav"], "not found"),
-    (["--input", "{wav}", "-o", "{tmp}/a.xyz"], "unsupported output format"),
+    (["--input", "{wav}", "-o", "{tmp}/a.xyz"], "unsupported audio format"),
     (["--input", "{wav}", "-o", "{tmp}/nofolder/a.wav"], "does not exist"),
     (["--input", "{wav}", "--voice", "NOPE"], "unknown voice"),
     (["--input", "{empty}"], "empty"),
