@@ -21,13 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .cliutil import log, run_cli
 from .errors import MlxSpeechError
 
 DEFAULT_DUPLEX_MODEL = "kyutai/moshiko-pytorch-bf16"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class Stats:
@@ -180,14 +177,7 @@ def _run(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        _run(args)
-    except MlxSpeechError as e:
-        log(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_cli(_run, args)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,27 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
     return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))
 
 
+def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config):
+    """(config, weight files) of a Mistral-native folder (`params.json` +
+    `consolidated*.safetensors`), else of a `config.json` + `model*.safetensors`
+    folder whose `model_type` must be `model_type`."""
+    if (folder / "params.json").exists():
+        cfg = from_params(read_json(folder / "params.json"))
+        files = sorted(folder.glob("consolidated*.safetensors"))
+    elif (folder / "config.json").exists():
+        c = read_json(folder / "config.json")
+        if c.get("model_type") != model_type:
+            raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
+                                  f"not {model_type}")
+        cfg = from_config(c)
+        files = sorted(folder.glob("model*.safetensors"))
+    else:
+        raise CheckpointError(f"{folder} has neither params.json nor config.json")
+    if not files:
+        raise CheckpointError(f"no safetensors weights in {folder}")
+    return cfg, files
+
+
 def load_safetensors(files: list[Path]) -> dict[str, mx.array]:
     """Memory-mapped, lazy: tensors are read when the model evaluates them."""
     out: dict[str, mx.array] = {}

@@ -16,16 +16,13 @@ import inspect
 import sys
 from pathlib import Path
 
+from .cliutil import log, run_cli
 from .errors import MlxSpeechError
 
 DEFAULT_TTS_MODEL = "mistralai/Voxtral-4B-TTS-2603"
 FORMATS = ("wav", "flac", "ogg", "opus", "mp3", "pcm")
 LONG_TEXT_CHARS = 400  # longer texts get a progress bar even when stderr is not a terminal
 NO_SPEAKER_HINT = "; use -o FILE to write a file instead"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,17 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.output is not None:
         args.output = str(Path(args.output).expanduser())
-    try:
-        _run(args)
-    except MlxSpeechError as e:
-        if args.verbose:
-            raise
-        log(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    return 0
+    return run_cli(_run, args)
 
 
 if __name__ == "__main__":

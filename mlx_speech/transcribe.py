@@ -14,14 +14,11 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL
+from .cliutil import log, run_cli
 from .errors import MlxSpeechError
 
 FORMATS = ("txt", "json", "srt", "vtt")
 PROGRESS_MIN_SECONDS = 60.0
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
@@ -178,17 +175,7 @@ def _run(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        _run(args)
-    except MlxSpeechError as e:
-        if args.verbose:
-            raise
-        log(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    return 0
+    return run_cli(_run, args)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,24 @@ def _sounddevice():
     return sounddevice
 
 
+def _open_stream(sd, kind, owner, what: str, hint: str):
+    """Start a mono float32 PortAudio stream (`sd.InputStream`/`sd.OutputStream`)
+    that calls `owner._callback`; failures become DeviceError naming `what`."""
+    stream = None
+    try:
+        stream = kind(samplerate=owner.sample_rate, blocksize=owner.block_samples, channels=1,
+                      dtype="float32", device=owner.device, callback=owner._callback)
+        stream.start()
+    except (sd.PortAudioError, ValueError) as e:
+        if stream is not None:
+            stream.close()
+        if "sample rate" in str(e).lower():
+            raise DeviceError(
+                f"{what} does not support {owner.sample_rate} Hz ({e}){hint}") from None
+        raise DeviceError(f"cannot open {what}: {e}{hint}") from None
+    return stream
+
+
 class Microphone:
     """Mono float32 blocks from an input device, handed over through a queue.
 
@@ -70,27 +88,8 @@ class Microphone:
             raise DeviceError(
                 f"no microphone found (no audio input device{what})"
             ) from None
-        stream = None
-        try:
-            stream = sd.InputStream(
-                samplerate=self.sample_rate,
-                blocksize=self.block_samples,
-                channels=1,
-                dtype="float32",
-                device=self.device,
-                callback=self._callback,
-            )
-            stream.start()
-        except (sd.PortAudioError, ValueError) as e:
-            if stream is not None:
-                stream.close()
-            if "sample rate" in str(e).lower():
-                raise DeviceError(
-                    f"microphone does not support {self.sample_rate} Hz ({e})"
-                ) from None
-            raise DeviceError(
-                f"cannot open microphone: {e}; {_PERMISSION_HINT}"
-            ) from None
+        stream = _open_stream(sd, sd.InputStream, self, "microphone",
+                              f"; {_PERMISSION_HINT}")
         self._stream = stream
 
     def close(self) -> None:
@@ -221,25 +220,7 @@ class Speaker:
             return
         sd = _speaker_sounddevice(self.hint)
         check_output_device(self.device, hint=self.hint)
-        stream = None
-        try:
-            stream = sd.OutputStream(
-                samplerate=self.sample_rate,
-                blocksize=self.block_samples,
-                channels=1,
-                dtype="float32",
-                device=self.device,
-                callback=self._callback,
-            )
-            stream.start()
-        except (sd.PortAudioError, ValueError) as e:
-            if stream is not None:
-                stream.close()
-            if "sample rate" in str(e).lower():
-                raise DeviceError(
-                    f"the audio output does not support {self.sample_rate} Hz ({e}){self.hint}"
-                ) from None
-            raise DeviceError(f"cannot open the audio output: {e}{self.hint}") from None
+        stream = _open_stream(sd, sd.OutputStream, self, "the audio output", self.hint)
         self._stream = stream
 
     def write(self, samples, timeout: float | None = None) -> None:

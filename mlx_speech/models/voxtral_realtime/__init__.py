@@ -10,7 +10,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...errors import CheckpointError
-from ...hub import load_safetensors, read_json
+from ...hub import load_safetensors, mistral_or_hf_layout
 from ...text.tekken import Tekken
 from ..asr import Transcript, Word, load_strict, transcribe_with
 from .config import VoxtralRealtimeConfig
@@ -55,21 +55,8 @@ class VoxtralRealtime:
 
 
 def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
-    if (folder / "params.json").exists():
-        cfg = VoxtralRealtimeConfig.from_params(read_json(folder / "params.json"))
-        files = sorted(folder.glob("consolidated*.safetensors"))
-    elif (folder / "config.json").exists():
-        c = read_json(folder / "config.json")
-        if c.get("model_type") != "voxtral_realtime":
-            raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
-                                  "not voxtral_realtime")
-        cfg = VoxtralRealtimeConfig.from_hf(c)
-        files = sorted(folder.glob("model*.safetensors"))
-    else:
-        raise CheckpointError(f"{folder} has neither params.json nor config.json")
-    if not files:
-        raise CheckpointError(f"no safetensors weights in {folder}")
-    return cfg, files
+    return mistral_or_hf_layout(folder, "voxtral_realtime",
+                                VoxtralRealtimeConfig.from_params, VoxtralRealtimeConfig.from_hf)
 
 
 def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from ...audio.clip import Audio
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, read_json
+from ...hub import load_safetensors, mistral_or_hf_layout
 from ...text.tekken import Tekken
 from ..asr import load_strict
 from .config import VoxtralTTSConfig
@@ -131,21 +131,8 @@ class VoxtralTTS:
 
 
 def _read_config(folder: Path) -> tuple[VoxtralTTSConfig, list[Path]]:
-    if (folder / "params.json").exists():
-        cfg = VoxtralTTSConfig.from_params(read_json(folder / "params.json"))
-        files = sorted(folder.glob("consolidated*.safetensors"))
-    elif (folder / "config.json").exists():
-        c = read_json(folder / "config.json")
-        if c.get("model_type") != "voxtral_tts":
-            raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
-                                  "not voxtral_tts")
-        cfg = VoxtralTTSConfig.from_mlx_audio(c)
-        files = sorted(folder.glob("model*.safetensors"))
-    else:
-        raise CheckpointError(f"{folder} has neither params.json nor config.json")
-    if not files:
-        raise CheckpointError(f"no safetensors weights in {folder}")
-    return cfg, files
+    return mistral_or_hf_layout(folder, "voxtral_tts",
+                                VoxtralTTSConfig.from_params, VoxtralTTSConfig.from_mlx_audio)
 
 
 def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",

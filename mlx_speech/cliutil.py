@@ -1,0 +1,30 @@
+"""What every command-line entry point shares: stderr logging and the error contract."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from .errors import MlxSpeechError
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_cli(run: Callable[[object], None], args) -> int:
+    """Run `run(args)`: bad input is one `error: ...` line and exit 1, Ctrl-C exit 130.
+
+    `--verbose` (where a command has it) re-raises for the full traceback.
+    """
+    try:
+        run(args)
+    except MlxSpeechError as e:
+        if getattr(args, "verbose", False):
+            raise
+        log(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    return 0
