@@ -8,7 +8,7 @@ the folder is a Moshi 7B (moshiko/moshika) with the default file names below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from ...errors import CheckpointError
 
@@ -158,6 +158,11 @@ class GenConfig:
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def override(self, temp: float | None, temp_text: float | None) -> GenConfig:
+        """These defaults with the temperatures a session asked for (None keeps a default)."""
+        return replace(self, temp=self.temp if temp is None else temp,
+                       temp_text=self.temp_text if temp_text is None else temp_text)
 
 
 @dataclass

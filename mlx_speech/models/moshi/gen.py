@@ -47,17 +47,7 @@ def sample_token(logits: mx.array, temp: float, top_k: int, key: mx.array | None
     return mx.random.categorical(logits * (1.0 / temp), key=key).astype(mx.int32)
 
 
-@dataclass
-class Sampling:
-    temp: float = 0.8
-    temp_text: float = 0.7
-    top_k: int = 250
-    top_k_text: int = 25
-
-    @classmethod
-    def make(cls, gen: GenConfig, temp: float | None, temp_text: float | None) -> Sampling:
-        return cls(gen.temp if temp is None else temp,
-                   gen.temp_text if temp_text is None else temp_text, gen.top_k, gen.top_k_text)
+Sampling = GenConfig  # per-session settings: the checkpoint defaults with overrides
 
 
 class _Rng:

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import AudioError, MlxSpeechError
-from .gen import KyutaiGen, PersonaPlexGen, Sampling
+from .gen import KyutaiGen, PersonaPlexGen
 from .personaplex import SILENCE_SECONDS, VoicePrompt, run_prompt, wrap_system
 
 # Per family, the reference's user alignment (spec §6.2): Kyutai's PyTorch server consumes a user
@@ -36,7 +36,7 @@ class DuplexSession:
             if t is not None and not (np.isfinite(t) and t >= 0):
                 raise MlxSpeechError(f"{name} must be a number >= 0, got {t}")
         self.user_lag = lag
-        sampling = Sampling.make(d.gen_config, temp, temp_text)
+        sampling = d.gen_config.override(temp, temp_text)
         self.mimi_state = d.mimi.make_state()
         self.frames = 0
         self.prompt_forwards = 0
