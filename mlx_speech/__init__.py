@@ -11,8 +11,10 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     """Load a model from a local folder or a Hugging Face repo id.
 
     The type comes from the checkpoint's own config (never the repo name); the
-    result is that model's wrapper (`VoxtralRealtime`, `NemotronStreaming`), each
-    with `transcribe()` and `session()`. A `.nemo` archive path also works.
+    result is that model's wrapper: speech-to-text (`VoxtralRealtime`,
+    `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
+    (`VoxtralTTS`: `generate()`, `stream()`, `voices`) or full duplex (`Moshi`,
+    also PersonaPlex: `session().step()`). A `.nemo` archive path also works.
     """
     from pathlib import Path
 
