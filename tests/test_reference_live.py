@@ -23,5 +23,8 @@ def test_goldens_reproduce_with_transformers(tmp_path, golden):
     assert r.returncode == 0, r.stderr[-2000:]
     fresh = np.load(tmp_path / "golden.npz")
     assert list(fresh["tokens"]) == list(golden["tokens"])
+    # fp32 reductions run in a different order under another torch build / BLAS: the adapter
+    # (two matmuls on values of magnitude ~10) moves by ~3e-5, so hold the reference to the
+    # same 1e-4 our implementation is held to against these goldens.
     for k in ("mel", "encoder", "adapter", "logits"):
-        np.testing.assert_allclose(fresh[k], golden[k], atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(fresh[k], golden[k], atol=1e-4, err_msg=k)
