@@ -142,3 +142,80 @@ def test_bad_quantize_settings_are_one_line_errors(tmp_path):
         with pytest.raises(MlxSpeechError) as e:
             mlx_speech.load(src, **kw)
         assert "\n" not in str(e.value)
+
+
+# -- Moshi: Kyutai's moshi_mlx files (model.safetensors / model.q4 / model.q8) --------------
+MOSHI = Q / "moshi"
+MOSHI_FILES = ["model.safetensors", "model.q4.safetensors", "model.q8.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def moshi_gold():
+    return dict(np.load(MOSHI / "golden.npz"))
+
+
+def moshi_folder(tmp_path: Path, name: str) -> Path:
+    from tests.moshi_helpers import write_folder
+
+    kw = json.loads((MOSHI / "lm_config.json").read_text())
+    return write_folder(tmp_path / name, kw, MOSHI / name, names={"moshi_name": name})
+
+
+def moshi_run(lm, text, audio):
+    """Step the LM over fixed inputs; greedy text and depformer tokens, text logits."""
+    state = lm.make_state(1)
+    logits, text_out, audio_out = [], [], []
+    for t in range(len(text)):
+        tok = mx.array([[text[t]] + [a[t] for a in audio]], dtype=mx.int32)[..., None]
+        z, lg = lm.forward_tokens(tok, state)
+        prev = mx.argmax(lg[:, -1], axis=-1)
+        logits.append(np.array(lg[0, -1].astype(mx.float32)))
+        text_out.append(int(prev.item()))
+        state.dep.reset()
+        row = []
+        for k in range(lm.config.dep_q):
+            prev = mx.argmax(lm.depformer_logits(k, prev, z, state.dep), axis=-1)
+            row.append(int(prev.item()))
+        audio_out.append(row)
+    return np.stack(logits), text_out, audio_out
+
+
+@pytest.mark.parametrize("name", MOSHI_FILES)
+def test_moshi_mlx_files_match_moshi_mlx(name, moshi_gold, tmp_path):
+    d = mlx_speech.load(moshi_folder(tmp_path, name))
+    assert isinstance(d.lm.text_emb, nn.QuantizedEmbedding) == (name != "model.safetensors")
+    assert type(d.mimi.quantizer).__name__ == "SplitResidualVQ"  # Mimi is never quantized
+    logits, text, audio = moshi_run(d.lm, moshi_gold["text_in"].tolist(),
+                                    moshi_gold["audio_in"].tolist())
+    assert text == moshi_gold[f"{name}/text_tokens"].tolist()
+    assert audio == moshi_gold[f"{name}/audio_tokens"].tolist()
+    np.testing.assert_allclose(logits, moshi_gold[f"{name}/text_logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64)])
+def test_moshi_on_the_fly_equals_kyutai_file(bits, group, moshi_gold, tmp_path):
+    ours = mlx_speech.load(moshi_folder(tmp_path, "model.safetensors"), quantize=bits,
+                           group_size=group)
+    theirs = mlx_speech.load(moshi_folder(tmp_path, f"model.q{bits}.safetensors"))
+    _assert_same_tensors(ours.lm, theirs.lm)
+    args = moshi_gold["text_in"].tolist(), moshi_gold["audio_in"].tolist()
+    a, b = moshi_run(ours.lm, *args), moshi_run(theirs.lm, *args)
+    assert a[1:] == b[1:] and np.array_equal(a[0], b[0])
+
+
+def test_moshi_minus_one_is_zero_when_quantized(tmp_path):
+    d = mlx_speech.load(moshi_folder(tmp_path, "model.q4.safetensors"))
+    tok = mx.full((1, 1 + d.lm.config.n_q, 1), -1, dtype=mx.int32)
+    assert not mx.any(d.lm.embed_tokens(tok)).item()
+
+
+def test_kyutai_file_name_bits_must_match_the_tensors(tmp_path):
+    folder = moshi_folder(tmp_path, "model.q4.safetensors")
+    (folder / "model.q4.safetensors").rename(folder / "model.q8.safetensors")
+    shutil.copy(MOSHI / "model.q4.safetensors", folder / "model.q8.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"moshi_name": "model.q8.safetensors"}))
+    with pytest.raises(CheckpointError, match=r"model\.q8\.safetensors: .*is 4-bit group 32.*"
+                                              r"says 8-bit group 64") as e:
+        mlx_speech.load(folder)
+    assert "\n" not in str(e.value)
