@@ -25,11 +25,12 @@ def _params(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.parameters()))
 
 
-def _assert_same_tensors(a, b) -> None:
+def _assert_same_tensors(a, b, any_dtype: str = "") -> None:
+    """Same names, dtypes and values (`any_dtype`: a name part whose dtype may differ)."""
     pa, pb = _params(a), _params(b)
     assert sorted(pa) == sorted(pb)
     for k in pa:
-        assert pa[k].dtype == pb[k].dtype, k
+        assert pa[k].dtype == pb[k].dtype or (any_dtype and any_dtype in k), k
         assert mx.array_equal(pa[k], pb[k]).item(), k
 
 
@@ -219,3 +220,51 @@ def test_kyutai_file_name_bits_must_match_the_tensors(tmp_path):
                                               r"says 8-bit group 64") as e:
         mlx_speech.load(folder)
     assert "\n" not in str(e.value)
+
+
+# -- Voxtral TTS: mlx-audio / mlx-community layout ----------------------------------------
+TTS = Q / "voxtral_tts"
+TTS_CKPT = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def tts_gold():
+    return dict(np.load(TTS / "golden.npz"))
+
+
+def tts_folder(tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    shutil.copytree(TTS / name, d)
+    shutil.copytree(TTS_CKPT / "voice_embedding", d / "voice_embedding")
+    shutil.copy(TTS_CKPT / "tekken.json", d)
+    return d
+
+
+@pytest.mark.parametrize("name", ["mlx_4bit", "mlx_6bit"])
+def test_voxtral_tts_mlx_community_layout_matches_mlx_audio(name, tts_gold, tmp_path):
+    tts = mlx_speech.load(tts_folder(tmp_path, name), alibi="mlxa")
+    m = tts.model
+    assert isinstance(m.tok_embeddings, nn.QuantizedEmbedding)
+    assert type(m.audio_codebook_embeddings.embeddings) is nn.Embedding
+    assert type(m.acoustic_transformer.input_projection) is nn.Linear  # width 4: kept
+    voice, text = str(tts_gold["voice"]), str(tts_gold["text"])
+    ids = tts.prompt_ids(text, 5)
+    assert ids == tts_gold["ids"].tolist()
+    h = m.hidden(m.embed_prompt(ids, tts._voices[voice], tts.ids["audio"]))[0, -1]
+    np.testing.assert_allclose(np.array(h), tts_gold[f"{name}/h0"], atol=1e-5)
+    want = tts_gold[f"{name}/codes"]
+    args = dict(text=text, voice=voice, max_frames=len(want), seed=int(tts_gold["seed"]))
+    np.testing.assert_array_equal(tts.codes(**args), want)
+    wav = tts.generate(**args).samples
+    np.testing.assert_allclose(wav, tts_gold[f"{name}/wav"], atol=1e-4)
+
+
+def test_voxtral_tts_on_the_fly_equals_mlx_audio_file(tmp_path):
+    from mlx_speech.models import voxtral_tts as vt
+
+    ours = vt.load(TTS_CKPT, dtype=mx.float32, quantize=4, group_size=64)
+    theirs = vt.load(tts_folder(tmp_path, "mlx_4bit"))
+    # the codec's semantic codebook stays as stored (fp16 in the Mistral folder)
+    _assert_same_tensors(ours.model, theirs.model, any_dtype=".quantizer.")
+    args = dict(text="Hi there.", voice="neutral_female", max_frames=4, seed=1)
+    np.testing.assert_array_equal(ours.codes(**args), theirs.codes(**args))
