@@ -65,7 +65,7 @@ def random_lm() -> Lm:
     # Kyutai's files, made by moshi_mlx's load_pytorch_weights)
     first = lm.depformer.slices[0].transformer.layers
     for s in lm.depformer.slices[1:]:
-        for a, b in zip(s.transformer.layers, first):
+        for a, b in zip(s.transformer.layers, first, strict=True):
             a.norm1.weight, a.norm2.weight = b.norm1.weight, b.norm2.weight
     mx.eval(lm.parameters())
     return lm
