@@ -268,3 +268,36 @@ def test_voxtral_tts_on_the_fly_equals_mlx_audio_file(tmp_path):
     _assert_same_tensors(ours.model, theirs.model, any_dtype=".quantizer.")
     args = dict(text="Hi there.", voice="neutral_female", max_frames=4, seed=1)
     np.testing.assert_array_equal(ours.codes(**args), theirs.codes(**args))
+
+
+# -- Nemotron: NeMo-named MLX layout (mlx-audio's nemotron_asr export) -------------------------
+NEMO = Q / "nemotron"
+NEMO_SRC = Path(__file__).parent / "golden" / "nemotron"
+
+
+@pytest.mark.parametrize("name", ["fp32", "q8", "q4"])
+def test_nemotron_nemo_mlx_layout_matches_mlx_audio(name):
+    asr = mlx_speech.load(NEMO / name)
+    assert isinstance(asr.model.encoder_projector, nn.QuantizedLinear) == (name != "fp32")
+    audio = np.load(NEMO_SRC / "golden.npz")["audio"]
+    tokens = asr.transcribe(audio).token_ids
+    want = np.load(NEMO / "golden.npz")[f"{name}/tokens"].tolist()
+    assert [t for t in tokens if t != 0] == want  # mlx-audio leaves <unk> (0) out
+
+
+def _fold_lstm_biases(model) -> None:
+    """The MLX export stores bias_ih + bias_hh as one vector: compare in that form."""
+    lstm = model.decoder.lstm
+    for i in range(model.config.num_decoder_layers):
+        b = getattr(lstm, f"bias_ih_l{i}") + getattr(lstm, f"bias_hh_l{i}")
+        setattr(lstm, f"bias_ih_l{i}", b)
+        setattr(lstm, f"bias_hh_l{i}", mx.zeros_like(b))
+
+
+def test_nemotron_nemo_mlx_layout_gives_the_same_tensors():
+    ref = mlx_speech.load(NEMO_SRC).model
+    _fold_lstm_biases(ref)
+    _assert_same_tensors(mlx_speech.load(NEMO / "fp32").model, ref)
+    on_the_fly = mlx_speech.load(NEMO_SRC, quantize=8, group_size=32).model
+    _fold_lstm_biases(on_the_fly)
+    _assert_same_tensors(mlx_speech.load(NEMO / "q8").model, on_the_fly)
