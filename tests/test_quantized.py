@@ -301,3 +301,43 @@ def test_nemotron_nemo_mlx_layout_gives_the_same_tensors():
     on_the_fly = mlx_speech.load(NEMO_SRC, quantize=8, group_size=32).model
     _fold_lstm_biases(on_the_fly)
     _assert_same_tensors(mlx_speech.load(NEMO / "q8").model, on_the_fly)
+
+
+# -- command lines ------------------------------------------------------------------------
+def test_transcribe_quantize_flag_runs(tmp_path, capsys):
+    import soundfile as sf
+
+    from mlx_speech import transcribe
+    from tests.conftest import speechlike
+
+    src = tmp_path / "fp32"
+    shutil.copytree(VR / "fp32", src)
+    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    wav = tmp_path / "a.wav"
+    sf.write(wav, speechlike(1.5), 16000)
+    want = mlx_speech.load(src, quantize=4, group_size=32).transcribe(str(wav)).text
+    assert transcribe.main([str(wav), "--model", str(src), "--quantize", "4",
+                            "--group-size", "32"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    with pytest.raises(SystemExit):
+        transcribe.main([str(wav), "--model", str(src), "--quantize", "7"])
+
+
+@pytest.mark.parametrize("cli", ["transcribe", "say", "chat"])
+def test_clis_pass_quantize_to_load(cli, monkeypatch, capsys, tmp_path):
+    import importlib
+
+    seen = {}
+
+    def fake_load(path, **kw):
+        seen.update(kw)
+        raise MlxSpeechError("stop here")
+
+    monkeypatch.setattr(mlx_speech, "load", fake_load)
+    mod = importlib.import_module(f"mlx_speech.{cli}")
+    first = {"say": ["hi", "-o", str(tmp_path / "x.wav")], "chat": [],
+             "transcribe": [str(VR / "fp32" / "params.json")]}
+    argv = first[cli] + ["--model", "x", "--quantize", "8", "--group-size", "128"]
+    assert mod.main(argv) == 1
+    assert seen == {"quantize": 8, "group_size": 128}
+    assert "stop here" in capsys.readouterr().err
