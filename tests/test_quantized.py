@@ -341,3 +341,129 @@ def test_clis_pass_quantize_to_load(cli, monkeypatch, capsys, tmp_path):
     assert mod.main(argv) == 1
     assert seen == {"quantize": 8, "group_size": 128}
     assert "stop here" in capsys.readouterr().err
+
+
+# -- PersonaPlex: the community MLX layout (split files, flat in_proj_* quantization) ------------
+# Written here by its key scheme (no reference implementation runs in Python): temporal /
+# depformer files hold their part without the `transformer.` / `depformer.` prefix, the
+# attention, FFN and (flat) fused in_proj weights whose width divides by the group are
+# quantized with min/max affine scales (fp16 scales and biases), everything stored as fp16.
+PP_KW = dict(dim=64, num_heads=4, num_layers=1, n_q=16, dep_q=16, card=64, context=40,
+             depformer_dim=64, depformer_num_heads=4, depformer_num_layers=1,
+             depformer_dim_feedforward=192, delays=[0, 0] + [1] * 7 + [0] + [1] * 7)
+_PP_LINEARS = {"in_proj", "out_proj", "linear_in", "linear_out"}
+
+
+def pp_quantize(w: np.ndarray, bits: int, group: int):
+    rows, cols = w.shape
+    g = w.astype(np.float32).reshape(rows, cols // group, group)
+    lo, hi = g.min(-1), g.max(-1)
+    n = 2**bits - 1
+    scales = np.maximum((hi - lo) / n, 1e-10).astype(np.float16)
+    biases = lo.astype(np.float16)
+    s32, b32 = scales.astype(np.float32)[..., None], biases.astype(np.float32)[..., None]
+    q = np.clip(np.round((g - b32) / s32), 0, n).astype(np.uint32)
+    deq = (q * s32 + b32).reshape(rows, cols).astype(np.float16)
+    q = q.reshape(rows, cols)
+    per = 32 // bits
+    packed = np.zeros((rows, cols // per), np.uint32)
+    for i in range(per):
+        packed |= q[:, i::per] << np.uint32(bits * i)
+    return packed, scales, biases, deq
+
+
+def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
+    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict."""
+    from safetensors.numpy import save_file
+
+    from tests.moshi_helpers import random_lm_kwargs, write_folder
+
+    parts: dict[str, dict] = {"temporal": {}, "depformer": {}, "embeddings": {}}
+    deq = {}
+    for key, w in kyutai.items():
+        if key.startswith(("transformer.", "out_norm.")):
+            part, name = "temporal", key.removeprefix("transformer.")
+        elif key.startswith(("depformer.", "depformer_in.")):
+            part, name = "depformer", key.removeprefix("depformer.")
+        else:
+            part, name = "embeddings", key
+        w16 = w.astype(np.float16)
+        layer = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        flat = name.endswith(".in_proj_weight")
+        if (part != "embeddings" and w.ndim == 2 and w.shape[1] % group == 0
+                and (flat or layer in _PP_LINEARS)):
+            packed, scales, biases, d = pp_quantize(w, bits, group)
+            stem = name[: -len("weight")] if flat else name[: -len(".weight")] + "."
+            parts[part] |= {stem + "weight": packed, stem + "scales": scales,
+                            stem + "biases": biases}
+            deq[key] = d
+        else:
+            parts[part][name] = w16
+            deq[key] = w16
+    kw = random_lm_kwargs(**PP_KW)
+    ref = write_folder(dest.parent / (dest.name + "_ref"), kw, deq)
+    dest.mkdir(parents=True)
+    for part, tensors in parts.items():
+        save_file(tensors, str(dest / f"{part}.safetensors"))
+    shutil.copy(ref / "codec.safetensors", dest / "mimi.safetensors")
+    shutil.copy(ref / "tok.model", dest / "tokenizer_spm_32k_3.model")
+    (dest / "voices").mkdir()
+    config = {
+        "model_type": "personaplex", "version": "personaplex-7b-v1",
+        "temporal": {"dim": 64, "num_layers": 1, "num_heads": 4, "hidden_scale": 4.125,
+                     "n_q": 8, "card": 64, "text_card": 50, "context": 40, "max_period": 10000},
+        "depformer": {"dim": 64, "num_layers": 1, "num_heads": 4, "dim_feedforward": 192,
+                      "num_steps": 16, "card": 64, "text_card": 50, "context": 8,
+                      "weights_per_step": True, "multi_linear": True},
+        "delays": PP_KW["delays"],
+        "quantization": {"bits": bits, "group_size": group,
+                         "quantized_components": ["temporal", "depformer"]},
+        "voices": [],
+    }
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest, ref
+
+
+@pytest.fixture
+def tiny_mimi_config(monkeypatch):
+    """The community layout's Mimi is the 7B's (config fixed); ours is the tiny golden one."""
+    import functools
+
+    from mlx_speech.models import mimi as mimi_pkg
+    from tests.moshi_helpers import GOLDEN
+
+    cfg = json.loads((GOLDEN / "mimi24k_config.json").read_text())
+    cfg["quantizer"]["bins"] = PP_KW["card"]
+    monkeypatch.setattr(mimi_pkg, "load", functools.partial(mimi_pkg.load, config=cfg))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, tmp_path,
+                                                               tiny_mimi_config):
+    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
+
+    kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
+    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64)
+    d = mlx_speech.load(folder)
+    assert d.family == "personaplex" and d.config.dep_q == 16
+    at = d.lm.transformer.layers[0]
+    assert isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    assert type(at.gating.linear_out) is nn.Linear  # width 176: not quantized in the file
+    assert isinstance(d.lm.depformer.layers[0].self_attn.in_projs[15], nn.QuantizedLinear)
+    assert type(d.lm.text_emb) is nn.Embedding and type(d.lm.linears[0]) is nn.Linear
+    r = mlx_speech.load(ref)
+    rng = np.random.default_rng(2)
+    text, audio = rng.integers(0, 50, 6).tolist(), rng.integers(0, 64, (16, 6)).tolist()
+    (l1, t1, a1), (l2, t2, a2) = moshi_run(d.lm, text, audio), moshi_run(r.lm, text, audio)
+    assert (t1, a1) == (t2, a2)
+    np.testing.assert_allclose(l1, l2, atol=2e-3, rtol=0)
+
+
+def test_personaplex_mlx_layout_missing_file(tmp_path):
+    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
+
+    kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
+    folder, _ = write_personaplex_mlx(tmp_path / "pp", kyutai, 4, 64)
+    (folder / "depformer.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"no depformer file \(depformer\.safetensors\)"):
+        mlx_speech.load(folder)

@@ -23,14 +23,28 @@ import numpy as np
 
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
+from ...nn import quant
 from ..asr import load_strict
-from .config import CheckpointFiles, GenConfig, LmConfig
+from .config import (
+    PERSONAPLEX_MLX_FILES,
+    CheckpointFiles,
+    GenConfig,
+    LmConfig,
+    personaplex_mlx_kwargs,
+)
 from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut, sample_token
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
 from .tokenizer import TextTokenizer
-from .weights import depformer_steps, from_moshi_mlx, gated_hidden, is_moshi_mlx, remap
+from .weights import (
+    depformer_steps,
+    from_moshi_mlx,
+    gated_hidden,
+    is_moshi_mlx,
+    personaplex_mlx_weights,
+    remap,
+)
 
 __all__ = ["DEFAULT_USER_LAG", "LM", "CheckpointFiles", "DuplexSession", "GenConfig",
            "KyutaiGen", "LmConfig", "LmState", "Moshi", "PersonaPlexGen", "Sampling", "StepOut",
@@ -42,7 +56,10 @@ DEFAULT_VOICE = "NATF0"  # PersonaPlex's web UI default
 def weight_patterns(folder: Path) -> list[str]:
     """The files a (Kyutai or PersonaPlex) repo's config names, plus PersonaPlex's voices."""
     cfg = Path(folder) / "config.json"
-    files = CheckpointFiles.from_config(read_json(cfg) if cfg.exists() else None)
+    raw = read_json(cfg) if cfg.exists() else None
+    if raw is not None and raw.get("model_type") == "personaplex":
+        return [*PERSONAPLEX_MLX_FILES.values(), "voices/*", "voices.tgz"]
+    files = CheckpointFiles.from_config(raw)
     out = [files.moshi_name, files.mimi_name, files.tokenizer_name, "voices.tgz"]
     if not files.has_config:
         out += KYUTAI_MLX_NAMES  # moshiko-mlx-q4 / -q8 (whichever the repo has)
@@ -181,7 +198,10 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
 
     folder = resolve(folder, patterns)
     cfg_path = folder / "config.json"
-    files = CheckpointFiles.from_config(read_json(cfg_path) if cfg_path.exists() else None)
+    raw = read_json(cfg_path) if cfg_path.exists() else None
+    if raw is not None and raw.get("model_type") == "personaplex":
+        return _load_personaplex_mlx(folder, raw, dtype, quantize, group_size)
+    files = CheckpointFiles.from_config(raw)
     if files.model_type != "moshi":
         raise CheckpointError(f"{folder}: Kyutai model type {files.model_type!r} is not "
                               "supported (only moshi)")
@@ -210,3 +230,27 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     tok = TextTokenizer.from_file(paths["text tokenizer"])
     voices = list_voices(voice_dir(folder)) if config.personaplex else {}
     return Moshi(lm, mimi, tok, GenConfig.from_dict(files.lm_gen), voices)
+
+
+def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) -> Moshi:
+    """The community PersonaPlex MLX layout (aufklarer/PersonaPlex-7B-MLX-4bit, -8bit): split
+    temporal / depformer / embeddings files (quantized parts as `quantization` says), the
+    PyTorch-layout Mimi, the SentencePiece model and `voices/`."""
+    from .. import mimi as mimi_pkg
+
+    paths = {}
+    for what, name in PERSONAPLEX_MLX_FILES.items():
+        p = folder / name
+        if not p.is_file():
+            raise CheckpointError(f"{folder} has no {what} file ({name})")
+        paths[what] = p
+    parts = {k: load_safetensors([paths[k]]) for k in ("temporal", "depformer", "embeddings")}
+    config = LmConfig.from_dict(personaplex_mlx_kwargs(raw))
+    lm = build_lm(config, personaplex_mlx_weights(parts), folder, dtype, quantize, group_size,
+                  quant.declared(raw))
+    try:
+        mimi = mimi_pkg.load(paths["mimi"], num_codebooks=max(config.n_agent, config.n_user))
+    except ValueError as e:
+        raise CheckpointError(f"{paths['mimi']}: {e}") from None
+    tok = TextTokenizer.from_file(paths["tokenizer"])
+    return Moshi(lm, mimi, tok, GenConfig(), list_voices(voice_dir(folder)))

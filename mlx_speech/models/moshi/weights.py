@@ -114,6 +114,33 @@ def from_moshi_mlx(weights: dict[str, mx.array], rms: bool) -> dict[str, mx.arra
     return out
 
 
+_FLAT_QUANT = re.compile(r"\.in_proj_(scales|biases)$")
+
+
+def personaplex_mlx_weights(parts: dict[str, dict[str, mx.array]]) -> dict[str, mx.array]:
+    """The community PersonaPlex MLX split files -> Kyutai names.
+
+    `temporal` holds `transformer.*` without its prefix (and `out_norm.*`), `depformer` holds
+    `depformer.*` without its prefix (and `depformer_in.*`), `embeddings` the embeddings and
+    heads as they are. The fused attention input is quantized flat, as `in_proj_weight`,
+    `in_proj_scales`, `in_proj_biases`; other quantized modules use `.scales` / `.biases`.
+    """
+    out: dict[str, mx.array] = {}
+    prefix = {"temporal": "transformer.", "depformer": "depformer.", "embeddings": ""}
+    for part, tensors in parts.items():
+        for key, w in tensors.items():
+            name = key
+            if key.startswith("layers."):
+                name = prefix[part] + key
+            name = _FLAT_QUANT.sub(r".in_proj.\1", name)
+            if name.endswith(".in_proj_weight") and key[: -len("weight")] + "scales" in tensors:
+                name = name[: -len("_weight")] + ".weight"
+            if name in out:
+                raise CheckpointError(f"{key} appears twice in the split PersonaPlex files")
+            out[name] = w
+    return out
+
+
 def check_config(config: LmConfig, weights: dict[str, mx.array]) -> None:
     """The config's dep_q must match the heads in the file (PersonaPlex has 16)."""
     n = depformer_steps(weights)
