@@ -467,3 +467,76 @@ def test_personaplex_mlx_layout_missing_file(tmp_path):
     (folder / "depformer.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no depformer file \(depformer\.safetensors\)"):
         mlx_speech.load(folder)
+
+
+def test_scales_on_a_module_that_cannot_be_quantized(tmp_path):
+    folder = vr_folder(tmp_path, "mlx_audio_4bit")
+    f = folder / "model.safetensors"
+    w = dict(mx.load(str(f)))
+    w["encoder.conv_layers_0_conv.conv.scales"] = mx.zeros((64, 1))
+    mx.save_safetensors(str(f), w)
+    with pytest.raises(CheckpointError, match=r"conv_layers\.0\.conv\.scales: Conv1d") as e:
+        mlx_speech.load(folder)
+    assert "\n" not in str(e.value)
+
+
+# -- live re-checks: the producers still give the committed goldens ---------------------------
+GEN = Path(__file__).parent / "golden"
+
+
+def _regenerate(script: str, out: Path, extra_path: str = "") -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, root, env.get("PYTHONPATH"))
+                                        if p)
+    r = subprocess.run([sys.executable, str(GEN / script), str(out)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return dict(np.load(out / "golden.npz"))
+
+
+def _same_goldens(fresh: dict, committed: dict) -> None:
+    assert sorted(fresh) == sorted(committed)
+    for k, v in committed.items():
+        if v.dtype.kind in "iu":
+            np.testing.assert_array_equal(fresh[k], v, err_msg=k)
+        elif v.dtype.kind == "f":
+            np.testing.assert_allclose(fresh[k], v, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.reference
+def test_live_voxtral_realtime_producers(tmp_path):
+    pytest.importorskip("mlx_audio.stt.models.voxtral_realtime")
+    import importlib.util
+    import os
+
+    site = os.environ.get("VOXMLX_PATH", "/tmp/quant-site")
+    if importlib.util.find_spec("voxmlx") is None and not (Path(site) / "voxmlx").is_dir():
+        pytest.skip("voxmlx not installed (pip install --target DIR voxmlx==0.0.2)")
+    _same_goldens(_regenerate("make_quantized_voxtral_realtime.py", tmp_path, site),
+                  dict(np.load(VR / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_moshi_mlx(tmp_path):
+    pytest.importorskip("moshi_mlx")
+    _same_goldens(_regenerate("make_quantized_moshi.py", tmp_path),
+                  dict(np.load(MOSHI / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_voxtral_tts_mlx_audio(tmp_path):
+    pytest.importorskip("mlx_audio.tts.models.voxtral_tts")
+    _same_goldens(_regenerate("make_quantized_voxtral_tts.py", tmp_path),
+                  dict(np.load(TTS / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_nemotron_mlx_audio(tmp_path):
+    pytest.importorskip("mlx_audio.stt.models.nemotron_asr")
+    _same_goldens(_regenerate("make_quantized_nemotron.py", tmp_path),
+                  dict(np.load(NEMO / "golden.npz")))
