@@ -540,3 +540,14 @@ def test_live_nemotron_mlx_audio(tmp_path):
     pytest.importorskip("mlx_audio.stt.models.nemotron_asr")
     _same_goldens(_regenerate("make_quantized_nemotron.py", tmp_path),
                   dict(np.load(NEMO / "golden.npz")))
+
+
+def test_unknown_key_in_a_quantized_file_is_named(tmp_path):
+    folder = vr_folder(tmp_path, "voxmlx_6bit")
+    f = folder / "model.safetensors"
+    w = dict(mx.load(str(f)))
+    w["language_model.layers.0.mystery.scales"] = mx.zeros((4, 1))
+    mx.save_safetensors(str(f), w)
+    with pytest.raises(CheckpointError, match=r"language_model\.layers\.0\.mystery\.scales") as e:
+        mlx_speech.load(folder)
+    assert "\n" not in str(e.value)
