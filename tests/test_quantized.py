@@ -21,6 +21,27 @@ from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
 Q = Path(__file__).parent / "golden" / "quantized"
 
 
+@pytest.fixture(scope="module")
+def goldens():
+    """The producers' recorded outputs, per family folder."""
+    return {d.name: dict(np.load(d / "golden.npz")) for d in Q.iterdir() if d.is_dir()}
+
+
+@pytest.fixture
+def vr_gold(goldens):
+    return goldens["voxtral_realtime"]
+
+
+@pytest.fixture
+def moshi_gold(goldens):
+    return goldens["moshi"]
+
+
+@pytest.fixture
+def tts_gold(goldens):
+    return goldens["voxtral_tts"]
+
+
 def _params(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.parameters()))
 
@@ -38,11 +59,6 @@ def _assert_same_tensors(a, b, any_dtype: str = "") -> None:
 VR = Q / "voxtral_realtime"
 VR_PROMPT = [1] + [32] * (32 + 6)
 VR_LAYOUTS = ["mlx_audio_4bit", "mlx_audio_4bit_keep", "voxmlx_6bit", "voxmlx_8bit"]
-
-
-@pytest.fixture(scope="module")
-def vr_gold():
-    return dict(np.load(VR / "golden.npz"))
 
 
 def vr_folder(tmp_path: Path, name: str) -> Path:
@@ -150,11 +166,6 @@ MOSHI = Q / "moshi"
 MOSHI_FILES = ["model.safetensors", "model.q4.safetensors", "model.q8.safetensors"]
 
 
-@pytest.fixture(scope="module")
-def moshi_gold():
-    return dict(np.load(MOSHI / "golden.npz"))
-
-
 def moshi_folder(tmp_path: Path, name: str) -> Path:
     from tests.moshi_helpers import write_folder
 
@@ -225,11 +236,6 @@ def test_kyutai_file_name_bits_must_match_the_tensors(tmp_path):
 # -- Voxtral TTS: mlx-audio / mlx-community layout ----------------------------------------
 TTS = Q / "voxtral_tts"
 TTS_CKPT = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
-
-
-@pytest.fixture(scope="module")
-def tts_gold():
-    return dict(np.load(TTS / "golden.npz"))
 
 
 def tts_folder(tmp_path: Path, name: str) -> Path:
@@ -469,13 +475,17 @@ def test_personaplex_mlx_layout_missing_file(tmp_path):
         mlx_speech.load(folder)
 
 
-def test_scales_on_a_module_that_cannot_be_quantized(tmp_path):
-    folder = vr_folder(tmp_path, "mlx_audio_4bit")
+@pytest.mark.parametrize("name,key,msg", [
+    ("mlx_audio_4bit", "encoder.conv_layers_0_conv.conv.scales",
+     r"conv_layers\.0\.conv\.scales: Conv1d"),  # a module that cannot be quantized
+    ("voxmlx_6bit", "language_model.layers.0.mystery.scales",
+     r"language_model\.layers\.0\.mystery\.scales"),  # an unknown key
+])
+def test_stray_scales_are_named(name, key, msg, tmp_path):
+    folder = vr_folder(tmp_path, name)
     f = folder / "model.safetensors"
-    w = dict(mx.load(str(f)))
-    w["encoder.conv_layers_0_conv.conv.scales"] = mx.zeros((64, 1))
-    mx.save_safetensors(str(f), w)
-    with pytest.raises(CheckpointError, match=r"conv_layers\.0\.conv\.scales: Conv1d") as e:
+    mx.save_safetensors(str(f), dict(mx.load(str(f))) | {key: mx.zeros((64, 1))})
+    with pytest.raises(CheckpointError, match=msg) as e:
         mlx_speech.load(folder)
     assert "\n" not in str(e.value)
 
@@ -521,33 +531,11 @@ def test_live_voxtral_realtime_producers(tmp_path):
                   dict(np.load(VR / "golden.npz")))
 
 
-@pytest.mark.reference
-def test_live_moshi_mlx(tmp_path):
-    pytest.importorskip("moshi_mlx")
-    _same_goldens(_regenerate("make_quantized_moshi.py", tmp_path),
-                  dict(np.load(MOSHI / "golden.npz")))
-
 
 @pytest.mark.reference
-def test_live_voxtral_tts_mlx_audio(tmp_path):
-    pytest.importorskip("mlx_audio.tts.models.voxtral_tts")
-    _same_goldens(_regenerate("make_quantized_voxtral_tts.py", tmp_path),
-                  dict(np.load(TTS / "golden.npz")))
-
-
-@pytest.mark.reference
-def test_live_nemotron_mlx_audio(tmp_path):
-    pytest.importorskip("mlx_audio.stt.models.nemotron_asr")
-    _same_goldens(_regenerate("make_quantized_nemotron.py", tmp_path),
-                  dict(np.load(NEMO / "golden.npz")))
-
-
-def test_unknown_key_in_a_quantized_file_is_named(tmp_path):
-    folder = vr_folder(tmp_path, "voxmlx_6bit")
-    f = folder / "model.safetensors"
-    w = dict(mx.load(str(f)))
-    w["language_model.layers.0.mystery.scales"] = mx.zeros((4, 1))
-    mx.save_safetensors(str(f), w)
-    with pytest.raises(CheckpointError, match=r"language_model\.layers\.0\.mystery\.scales") as e:
-        mlx_speech.load(folder)
-    assert "\n" not in str(e.value)
+@pytest.mark.parametrize("family,producer", [
+    ("moshi", "moshi_mlx"), ("voxtral_tts", "mlx_audio.tts.models.voxtral_tts"),
+    ("nemotron", "mlx_audio.stt.models.nemotron_asr")])
+def test_live_producers(family, producer, goldens, tmp_path):
+    pytest.importorskip(producer)
+    _same_goldens(_regenerate(f"make_quantized_{family}.py", tmp_path), goldens[family])
