@@ -539,3 +539,18 @@ def test_live_voxtral_realtime_producers(tmp_path):
 def test_live_producers(family, producer, goldens, tmp_path):
     pytest.importorskip(producer)
     _same_goldens(_regenerate(f"make_quantized_{family}.py", tmp_path), goldens[family])
+
+
+def test_kyutai_mlx_folder_without_config_picks_the_quantized_file(tmp_path):
+    """kyutai/moshiko-mlx-q4 has no config.json: the Moshi 7B config and model.q4.safetensors
+    (here a tiny file, so the 7B config refuses it by name)."""
+    from mlx_speech.hub import MIMI_FILE
+    from mlx_speech.models.moshi import weight_patterns
+
+    d = moshi_folder(tmp_path, "model.q4.safetensors")
+    (d / "config.json").unlink()
+    (d / "codec.safetensors").rename(d / MIMI_FILE)
+    (d / "tok.model").rename(d / "tokenizer_spm_32k_3.model")
+    assert "model.q4.safetensors" in weight_patterns(d)
+    with pytest.raises(CheckpointError, match=r"model\.q4\.safetensors: config says dep_q=8"):
+        mlx_speech.load(d)
