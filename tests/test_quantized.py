@@ -378,8 +378,11 @@ def pp_quantize(w: np.ndarray, bits: int, group: int):
     return packed, scales, biases, deq
 
 
-def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
-    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict."""
+def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int,
+                          first_version: bool = False):
+    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict.
+    `first_version`: the converter's first release (temporal part only; the fused
+    `in_proj_weight` is left as it is, its name not ending in `.weight`)."""
     from safetensors.numpy import save_file
 
     from tests.moshi_helpers import random_lm_kwargs, write_folder
@@ -396,8 +399,9 @@ def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
         w16 = w.astype(np.float16)
         layer = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
         flat = name.endswith(".in_proj_weight")
-        if (part != "embeddings" and w.ndim == 2 and w.shape[1] % group == 0
-                and (flat or layer in _PP_LINEARS)):
+        parts_q = ("temporal",) if first_version else ("temporal", "depformer")
+        if (part in parts_q and w.ndim == 2 and w.shape[1] % group == 0
+                and ((flat and not first_version) or layer in _PP_LINEARS)):
             packed, scales, biases, d = pp_quantize(w, bits, group)
             stem = name[: -len("weight")] if flat else name[: -len(".weight")] + "."
             parts[part] |= {stem + "weight": packed, stem + "scales": scales,
@@ -423,7 +427,8 @@ def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
                       "weights_per_step": True, "multi_linear": True},
         "delays": PP_KW["delays"],
         "quantization": {"bits": bits, "group_size": group,
-                         "quantized_components": ["temporal", "depformer"]},
+                         "quantized_components": ["temporal"] + ["depformer"] * (
+                             not first_version)},
         "voices": [],
     }
     (dest / "config.json").write_text(json.dumps(config))
@@ -443,19 +448,22 @@ def tiny_mimi_config(monkeypatch):
     monkeypatch.setattr(mimi_pkg, "load", functools.partial(mimi_pkg.load, config=cfg))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, tmp_path,
+@pytest.mark.parametrize("bits,first", [(4, False), (8, False), (4, True)])
+def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, first, tmp_path,
                                                                tiny_mimi_config):
     from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
 
     kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
-    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64)
+    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64, first)
     d = mlx_speech.load(folder)
     assert d.family == "personaplex" and d.config.dep_q == 16
     at = d.lm.transformer.layers[0]
-    assert isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    flat = isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    assert flat == (not first)
+    assert isinstance(at.self_attn.out_projs[0], nn.QuantizedLinear)
     assert type(at.gating.linear_out) is nn.Linear  # width 176: not quantized in the file
-    assert isinstance(d.lm.depformer.layers[0].self_attn.in_projs[15], nn.QuantizedLinear)
+    dep = d.lm.depformer.layers[0].self_attn.in_projs[15]
+    assert isinstance(dep, nn.QuantizedLinear) == (not first)
     assert type(d.lm.text_emb) is nn.Embedding and type(d.lm.linears[0]) is nn.Linear
     r = mlx_speech.load(ref)
     rng = np.random.default_rng(2)
