@@ -100,9 +100,7 @@ def test_voxtral_realtime_layouts_match_their_producer(name, vr_gold, tmp_path):
 
 
 def test_voxtral_realtime_on_the_fly_equals_mlx_audio_file(tmp_path):
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     ours = mlx_speech.load(src, quantize=4, group_size=64)
     theirs = mlx_speech.load(vr_folder(tmp_path, "mlx_audio_4bit"))
     _assert_same_tensors(ours.model, theirs.model)
@@ -110,6 +108,12 @@ def test_voxtral_realtime_on_the_fly_equals_mlx_audio_file(tmp_path):
     a1, t1, l1 = vr_run(ours, mel, 44)
     a2, t2, l2 = vr_run(theirs, mel, 44)
     assert t1 == t2 and np.array_equal(l1, l2)
+
+
+def test_voxtral_realtime_mlx_audio_fp16_layout(tmp_path):
+    src = vr_folder(tmp_path, "fp32")
+    _assert_same_tensors(mlx_speech.load(vr_folder(tmp_path, "mlx_audio_fp16")).model,
+                         mlx_speech.load(src, dtype=mx.float16).model)
 
 
 def test_voxtral_realtime_declared_bits_must_match_the_tensors(tmp_path):
@@ -152,9 +156,7 @@ def test_truncated_quantized_file_is_one_line_error(tmp_path):
 
 
 def test_bad_quantize_settings_are_one_line_errors(tmp_path):
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     for kw in ({"quantize": 5 + 2}, {"quantize": 4, "group_size": 100}):
         with pytest.raises(MlxSpeechError) as e:
             mlx_speech.load(src, **kw)
@@ -316,9 +318,7 @@ def test_transcribe_quantize_flag_runs(tmp_path, capsys):
     from mlx_speech import transcribe
     from tests.conftest import speechlike
 
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     wav = tmp_path / "a.wav"
     sf.write(wav, speechlike(1.5), 16000)
     want = mlx_speech.load(src, quantize=4, group_size=32).transcribe(str(wav)).text
