@@ -86,32 +86,79 @@ def _mode(model, args) -> dict:
     return {"latency_ms": args.latency_ms}
 
 
+MIC_QUIET_WARN_S = 5.0  # a live session says so once the microphone is quiet this long
+MIC_QUIET_EXIT_S = 1.0  # and, on exit, when it had been quiet this long
+
+
+class _AudioLog:
+    """--save-audio: every block the session received, written as it arrives
+    (float wav keeps the samples exact; other formats are 16-bit)."""
+
+    def __init__(self, path: str, sample_rate: int):
+        import soundfile as sf
+
+        subtype = "FLOAT" if path.lower().endswith(".wav") else None
+        try:
+            self.file = sf.SoundFile(path, "w", samplerate=sample_rate, channels=1,
+                                     subtype=subtype)
+        except (sf.LibsndfileError, OSError, TypeError, ValueError) as e:
+            raise MlxSpeechError(f"cannot write {path}: {e}") from None
+        self.path = path
+
+    def write(self, block) -> None:
+        self.file.write(block)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def live(model, args) -> None:
     from .audio.devices import Microphone
+    from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
     session = model.session(**mode)
-    log("listening... (Ctrl-C to stop)")
+    saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
-    with mic:
-        try:
-            while True:
-                block = mic.read(timeout=1.0)
-                if block is None:
-                    continue
-                text = session.feed(block)
-                if text:
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-                if session.done:  # EOS: start over on the same model
-                    sys.stdout.write("\n")
-                    session = model.session(**mode)
-        except KeyboardInterrupt:
-            pass
+    warned, problem = False, None
+    try:
+        with mic, stop_on_ctrl_c() as stop:
+            log("listening... (Ctrl-C to stop)")
+            try:
+                while not stop.is_set():
+                    block = mic.read(timeout=0.1)
+                    if block is None:
+                        if mic.ended:
+                            break
+                        if not warned and mic.silent_for() >= MIC_QUIET_WARN_S:
+                            log(f"warning: {mic.problem(MIC_QUIET_WARN_S)}; still listening "
+                                "(Ctrl-C to stop)")
+                            warned = True
+                        continue
+                    warned = False
+                    if saved is not None:
+                        saved.write(block)
+                    text = session.feed(block)
+                    if text:
+                        sys.stdout.write(text)
+                        sys.stdout.flush()
+                    if session.done:  # EOS: start over on the same model
+                        sys.stdout.write("\n")
+                        session = model.session(**mode)
+            except KeyboardInterrupt:
+                pass
+            problem = mic.problem(MIC_QUIET_EXIT_S)
+    finally:
+        if saved is not None:
+            saved.close()
     sys.stdout.write(session.finish() + "\n")
     sys.stdout.flush()
+    if problem:
+        log(f"warning: {problem}")
     if mic.dropped:
         log(f"warning: {mic.dropped} audio blocks were dropped (the model fell behind)")
+    if saved is not None:
+        log(f"wrote {saved.path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
+    p.add_argument("--save-audio", metavar="FILE",
+                   help="--live: also write the audio the session received to FILE")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
@@ -146,6 +195,12 @@ def _run(args) -> None:
             raise MlxSpeechError(f"no such file: {f}")
     if args.live and args.files:
         raise MlxSpeechError("give audio files or --live, not both")
+    if args.save_audio:
+        if not args.live:
+            raise MlxSpeechError("--save-audio is for --live")
+        from .audio.io import check_writable
+
+        check_writable(args.save_audio)
     import mlx_speech
 
     log(f"loading {args.model}")
