@@ -33,7 +33,10 @@ API (all on the object the fixture returns):
     rec.samples                    # float32 mono at speaker_rate, once the block ends
     with pulse.unplugged("mic" | "speaker"):
         ...                        # the device is unloaded (gone), then loaded back
+    with pulse.stalled_speaker():  # the sink is suspended: it takes no audio
+        ...
     pulse.pactl(*args)             # run pactl against this daemon, return stdout
+    pulse.wait_client("source-outputs" | "sink-inputs")  # until a PortAudio client is on
     align(recorded, reference)     # module function: offset of reference inside recorded
 
 Only one feed at a time makes sense (there is one FIFO); feed_mic closes the
@@ -285,17 +288,43 @@ class Pulse:
     # ---- devices that go away ----
     @contextlib.contextmanager
     def unplugged(self, kind: str):
-        """Unload the microphone or the speaker (as if unplugged); load it back after."""
-        name = {"mic": "mic", "speaker": "speaker"}[kind]
+        """Remove a device, as if unplugged; load it back after the block.
+
+        "speaker": the null sink goes (no other sink: playback streams are killed).
+        "mic": the pipe source goes, and the null sink with it (as when a USB headset
+        is pulled out): otherwise PulseAudio would move recording streams to the
+        sink's monitor and they would go on, silently.
+        """
+        kinds = {"speaker": ["speaker"], "mic": ["mic", "speaker"]}[kind]
         if kind == "mic" and self._feed is not None:
             self._feed.close()
-        module = self._module_index(name)
-        self.pactl("unload-module", module)
+        for k in kinds:
+            self.pactl("unload-module", self._module_index(k))
         try:
             yield
         finally:
-            self.pactl("load-module", *self._modules()[kind].split())
-            self.pactl("set-default-sink" if kind == "speaker" else "set-default-source", name)
+            for k in reversed(kinds):
+                self.pactl("load-module", *self._modules()[k].split())
+            self.pactl("set-default-sink", "speaker")
+            self.pactl("set-default-source", "mic")
+
+    def wait_client(self, what: str = "source-outputs", timeout: float = 60) -> None:
+        """Until a PortAudio (ALSA plug-in) client records ("source-outputs") or plays
+        ("sink-inputs") on this server."""
+        deadline = time.monotonic() + timeout
+        while "ALSA plug-in" not in self.pactl("list", what):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no PortAudio client in {what} after {timeout} s")
+            time.sleep(0.05)
+
+    @contextlib.contextmanager
+    def stalled_speaker(self):
+        """Suspend the sink: players get no more callbacks (a device that hangs)."""
+        self.pactl("suspend-sink", "speaker", "1")
+        try:
+            yield
+        finally:
+            self.pactl("suspend-sink", "speaker", "0")
 
     def _module_index(self, name: str) -> str:
         needle = f"sink_name={name}" if name == "speaker" else f"source_name={name}"

@@ -32,9 +32,9 @@ def tone(n: int, rate: int, seed: int = 0) -> np.ndarray:
 def test_microphone_delivers_the_fed_samples(pulse, tmp_path):
     x = tone(16000, 16000)
     out = tmp_path / "rec.npy"
-    feed = pulse.feed_mic(np.zeros(0, np.float32))  # open the FIFO before the reader starts
     proc = subprocess.Popen([sys.executable, "-c", RECORD, str(out), "24000"],
                             env=dict(os.environ, **pulse.env))
+    pulse.wait_client("source-outputs")  # fed before, the samples would go nowhere
     feed = pulse.feed_mic(np.concatenate([np.zeros(4000, np.float32), x,
                                           np.zeros(16000, np.float32)]))
     assert proc.wait(timeout=60) == 0
