@@ -90,20 +90,18 @@ def offline(model, args) -> None:
     log(stats.summary())
 
 
-MIC_QUIET_WARN_S = 5.0  # say so once the microphone is quiet this long
-MIC_QUIET_EXIT_S = 1.0  # and, on exit, when it had been quiet this long
 SPEAKER_MAX_LAG_S = 2.0  # answer audio waiting beyond this is dropped (counted), not queued
 
 
 def live(model, args, max_lag_frames: int = 3) -> None:
-    from .audio.devices import Microphone, Speaker
+    from .audio.devices import QUIET_REPORT_S, Microphone, Speaker
     from .cliutil import stop_on_ctrl_c
 
     sr, frame = model.sample_rate, model.frame_size
     session = _session(model, args)
     stats = Stats(frame / sr)
     pending: collections.deque[np.ndarray] = collections.deque()
-    mic_warned = speaker_warned = False
+    speaker_warned = False
     with Speaker(sr, frame, max_seconds=SPEAKER_MAX_LAG_S) as speaker, \
             Microphone(sr, frame) as mic, stop_on_ctrl_c() as stop:
         log("listening; speak to the model (Ctrl-C to stop)")
@@ -113,16 +111,11 @@ def live(model, args, max_lag_frames: int = 3) -> None:
                     log(f"warning: {problem}; the conversation goes on (Ctrl-C to stop)")
                     speaker_warned = True
                 if not pending:
-                    block = mic.read(timeout=0.1)
+                    block = mic.read_watched(0.1, lambda m: log(f"warning: {m}"))
                     if block is None:
                         if mic.ended:
                             break
-                        if not mic_warned and mic.silent_for() >= MIC_QUIET_WARN_S:
-                            log(f"warning: {mic.problem(MIC_QUIET_WARN_S)}; still listening "
-                                "(Ctrl-C to stop)")
-                            mic_warned = True
                         continue
-                    mic_warned = False
                     pending.append(block)
                 while (more := mic.read(timeout=0)) is not None:
                     pending.append(more)
@@ -142,7 +135,7 @@ def live(model, args, max_lag_frames: int = 3) -> None:
             sys.stdout.write("\n")
             sys.stdout.flush()
             speaker.close(abort=True)  # the user is done: do not play out the backlog
-            for problem in (mic.problem(MIC_QUIET_EXIT_S), speaker.failure):
+            for problem in (mic.problem(QUIET_REPORT_S), speaker.failure):
                 if problem:
                     log(f"warning: {problem}")
             stats.dropped += mic.dropped

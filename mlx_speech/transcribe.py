@@ -86,10 +86,6 @@ def _mode(model, args) -> dict:
     return {"latency_ms": args.latency_ms}
 
 
-MIC_QUIET_WARN_S = 5.0  # a live session says so once the microphone is quiet this long
-MIC_QUIET_EXIT_S = 1.0  # and, on exit, when it had been quiet this long
-
-
 class _AudioLog:
     """--save-audio: every block the session received, written as it arrives
     (float wav keeps the samples exact; other formats are 16-bit)."""
@@ -113,29 +109,24 @@ class _AudioLog:
 
 
 def live(model, args) -> None:
-    from .audio.devices import Microphone
+    from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
     session = model.session(**mode)
     saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
-    warned, problem = False, None
+    problem = None
     try:
         with mic, stop_on_ctrl_c() as stop:
             log("listening... (Ctrl-C to stop)")
             try:
                 while not stop.is_set():
-                    block = mic.read(timeout=0.1)
+                    block = mic.read_watched(0.1, lambda m: log(f"warning: {m}"))
                     if block is None:
                         if mic.ended:
                             break
-                        if not warned and mic.silent_for() >= MIC_QUIET_WARN_S:
-                            log(f"warning: {mic.problem(MIC_QUIET_WARN_S)}; still listening "
-                                "(Ctrl-C to stop)")
-                            warned = True
                         continue
-                    warned = False
                     if saved is not None:
                         saved.write(block)
                     text = session.feed(block)
@@ -147,7 +138,7 @@ def live(model, args) -> None:
                         session = model.session(**mode)
             except KeyboardInterrupt:
                 pass
-            problem = mic.problem(MIC_QUIET_EXIT_S)
+            problem = mic.problem(QUIET_REPORT_S)
     finally:
         if saved is not None:
             saved.close()

@@ -76,6 +76,17 @@ def align(recorded, reference) -> int:
     return int(np.argmax(c))
 
 
+def _end(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to a process we started; kill it if it is still there after 5 s."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _to_s16(samples) -> bytes:
     x = np.clip(np.asarray(samples, np.float32).reshape(-1), -1.0, 1.0)
     return np.round(x * 32767.0).astype("<i2").tobytes()
@@ -216,13 +227,8 @@ class Pulse:
         if self._feed is not None:
             self._feed.close()
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            _end(proc, signal.SIGTERM)
         if self._log is not None:
             self._log.close()
 
@@ -274,12 +280,7 @@ class Pulse:
             yield rec
             time.sleep(0.2)  # the last frames through the monitor
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc, signal.SIGINT)
         data = raw.read_bytes()
         raw.unlink()
         rec.samples = (np.frombuffer(data[: len(data) // 2 * 2], "<i2").astype(np.float32)

@@ -124,6 +124,9 @@ class FakeMic:
             return None
         raise KeyboardInterrupt  # the user stops the session
 
+    def read_watched(self, timeout, warn):
+        return self.read(timeout)
+
 
 class FakeSpeaker:
     failure, dropped = None, 0

@@ -166,6 +166,9 @@ def test_live_loop_prints_partials_and_ends_cleanly_on_ctrl_c(vr_dir, vr_model, 
                 raise KeyboardInterrupt
             return blocks.pop(0)
 
+        def read_watched(self, timeout, warn):
+            return self.read(timeout)
+
     monkeypatch.setattr(devices, "Microphone", FakeMic)
     assert transcribe.main(["--live", "--model", str(vr_dir)]) == 0
     out = capsys.readouterr().out

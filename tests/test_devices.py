@@ -169,6 +169,25 @@ def test_microphone_tells_quiet_from_gone(monkeypatch):
         assert mic.read(timeout=5) is None and time.monotonic() - t0 < 0.5  # no waiting
 
 
+def test_read_watched_warns_once_per_quiet_stretch(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    warnings = []
+    with Microphone() as mic:
+        cb = sd.streams[0].kw["callback"]
+        for _ in range(3):
+            assert mic.read_watched(0.05, warnings.append, quiet_seconds=0.08) is None
+        assert len(warnings) == 1 and "delivered no audio for" in warnings[0]
+        assert warnings[0].endswith("; still listening (Ctrl-C to stop)")
+        cb(block(0.5), 1280, None, None)  # audio again: a later quiet stretch is new
+        assert mic.read_watched(0.05, warnings.append, quiet_seconds=0.08)[0] == 0.5
+        for _ in range(3):
+            mic.read_watched(0.05, warnings.append, quiet_seconds=0.08)
+        assert len(warnings) == 2
+        sd.streams[0].active = False  # gone: the loop ends on `ended`, no quiet warning
+        mic.read_watched(0.05, warnings.append, quiet_seconds=0.0)
+        assert len(warnings) == 2
+
+
 def test_missing_sounddevice(monkeypatch):
     monkeypatch.setitem(sys.modules, "sounddevice", None)
     with pytest.raises(DeviceError, match=r"pip install 'mlx-speech\[live\]'"):

@@ -12,6 +12,10 @@ import numpy as np
 
 from mlx_speech.errors import DeviceError
 
+QUIET_WARN_S = 5.0  # live loops say so once a microphone is quiet this long
+QUIET_REPORT_S = 1.0  # and, when they end, if it had been quiet this long
+REPORT_STALL_S = 1.0  # a speaker this long without a callback when closed is reported
+
 _PERMISSION_HINT = (
     "check that it is connected and that this app may use it "
     "(macOS: System Settings > Privacy & Security > Microphone)"
@@ -91,6 +95,7 @@ class Microphone:
         self._queue: queue.Queue[np.ndarray] = queue.Queue(maxsize=max_blocks)
         self._stream = None
         self._last = time.monotonic()  # the last block (or the start)
+        self._warned = False  # read_watched() reported the current quiet stretch
 
     def _callback(self, indata, frames, time_info, status) -> None:
         self._last = time.monotonic()
@@ -145,6 +150,17 @@ class Microphone:
             return f"the microphone delivered no audio for {self.silent_for():.1f} s"
         return None
 
+    def read_watched(self, timeout: float, warn, quiet_seconds: float = QUIET_WARN_S):
+        """`read(timeout)` for live loops: once per quiet stretch of `quiet_seconds`,
+        `warn(message)` says the microphone delivers nothing (the loop goes on)."""
+        block = self.read(timeout)
+        if block is not None:
+            self._warned = False
+        elif not self._warned and (problem := self.problem(quiet_seconds)) and not self.ended:
+            warn(f"{problem}; still listening (Ctrl-C to stop)")
+            self._warned = True
+        return block
+
     def read(self, timeout: float | None = None) -> np.ndarray | None:
         """Next block (float32, block_samples), or None on timeout or once closed/ended."""
         if (self._stream is None or self.ended) and self._queue.empty():
@@ -170,9 +186,6 @@ def _speaker_sounddevice(hint: str):
         return _sounddevice()
     except DeviceError as e:
         raise DeviceError(f"{e}{hint}") from None
-
-
-REPORT_STALL_S = 1.0  # a device this long without a callback when closed is reported
 
 
 class Speaker:
