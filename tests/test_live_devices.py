@@ -25,7 +25,17 @@ from tests.pulse import align
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TTS = ROOT / "tests" / "golden" / "voxtral_tts" / "ckpt"
 BLOCK = 1280  # transcribe --live reads 80 ms blocks at 16 kHz
-EXIT_S = 1.0  # Ctrl-C must end a live command within this
+EXIT_S = 1.0  # Ctrl-C must end a live command within this (what the bug broke: it hung)
+
+
+def _exit_limit() -> float:
+    """EXIT_S on an idle machine, stretched by CPU contention (load per core above 1) so a
+    shared, busy box does not make these flaky; a hang never passes either way."""
+    try:
+        per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        per_core = 1.0
+    return EXIT_S * max(1.0, per_core)
 
 
 class Cli:
@@ -124,7 +134,7 @@ def test_transcribe_live_prints_the_transcript_of_what_it_heard(pulse, vr_dir, v
     assert feed.wait(30)
     time.sleep(0.4)  # the last blocks through the server
     assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning" not in cli.err and "dropped" not in cli.err, cli.err
     _check_transcript(vr_model, saved, cli, fed=_fed(audio))
 
@@ -142,7 +152,7 @@ def test_transcribe_live_microphone_goes_quiet_then_away(pulse, vr_dir, vr_model
     feed.close()  # and its writer goes away
     time.sleep(0.2)
     assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone delivered no audio for" in cli.err, cli.err
     _check_transcript(vr_model, saved, cli)  # the text so far, flushed
 
@@ -157,7 +167,7 @@ def test_transcribe_live_microphone_unplugged(pulse, vr_dir, vr_model, tmp_path)
     with pulse.unplugged("mic"):
         time.sleep(0.5)
         assert cli.interrupt() == 0, cli.err  # it may have ended by itself already
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone stream ended" in cli.err, cli.err
     _check_transcript(vr_model, saved, cli)
 
@@ -234,7 +244,7 @@ def test_chat_live_conversation(pulse, chat_dir):
         assert feed.wait(30)
         time.sleep(0.3)
         assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     stats = _stats(cli.err)
     steps = int(stats.split(" frames,")[0])
     assert steps >= 30, stats  # ~3 s of 80 ms frames went through the model
@@ -250,7 +260,7 @@ def test_chat_live_microphone_goes_quiet(pulse, chat_dir):
     feed.pause()
     time.sleep(1.5)
     assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone delivered no audio for" in cli.err, cli.err
     assert int(_stats(cli.err).split(" frames,")[0]) > 0
     feed.close()
@@ -264,7 +274,7 @@ def test_chat_live_speaker_stalls(pulse, chat_dir):
     with pulse.stalled_speaker():
         time.sleep(1.5)
         assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the audio output took no audio for" in cli.err, cli.err
     _stats(cli.err)
 
@@ -277,6 +287,6 @@ def test_chat_live_devices_unplugged(pulse, chat_dir):
     with pulse.unplugged("mic"):  # the headset is pulled out: microphone and speaker go
         time.sleep(0.5)
         assert cli.interrupt() == 0, cli.err
-    assert cli.exit_s < EXIT_S, cli.err
+    assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone stream ended" in cli.err, cli.err
     _stats(cli.err)
