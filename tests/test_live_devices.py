@@ -125,7 +125,7 @@ def _check_transcript(vr_model, saved: Path, cli: Cli, fed: np.ndarray | None = 
 
 def test_transcribe_live_prints_the_transcript_of_what_it_heard(pulse, vr_dir, vr_model,
                                                                 tmp_path):
-    audio = speechlike(30 * BLOCK / 16000, seed=5)  # 30 whole blocks, 2.4 s
+    audio = speechlike(20 * BLOCK / 16000, seed=5)  # 20 whole blocks, 1.6 s
     saved = tmp_path / "heard.wav"
     cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--model", str(vr_dir),
               "--save-audio", str(saved))
@@ -146,11 +146,11 @@ def test_transcribe_live_microphone_goes_quiet_then_away(pulse, vr_dir, vr_model
               "--save-audio", str(saved))
     cli.wait_ready()
     feed = pulse.feed_mic(np.concatenate([audio, audio]))
-    time.sleep(0.6)
+    time.sleep(0.5)
     feed.pause()  # the microphone stops delivering
-    time.sleep(1.5)
+    time.sleep(1.2)
     feed.close()  # and its writer goes away
-    time.sleep(0.2)
+    time.sleep(0.1)
     assert cli.interrupt() == 0, cli.err
     assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone delivered no audio for" in cli.err, cli.err
@@ -163,7 +163,7 @@ def test_transcribe_live_microphone_unplugged(pulse, vr_dir, vr_model, tmp_path)
               "--save-audio", str(saved))
     cli.wait_ready()
     pulse.feed_mic(speechlike(2.0, seed=7))
-    time.sleep(0.8)
+    time.sleep(0.6)
     with pulse.unplugged("mic"):
         time.sleep(0.5)
         assert cli.interrupt() == 0, cli.err  # it may have ended by itself already
@@ -196,7 +196,7 @@ def test_say_speaker_stalls(pulse):
     cli = Cli(pulse, "mlx_speech.say", "Hello there. " * 3, "--max-frames", "60",
               "--model", str(TINY_TTS))
     pulse.wait_client("sink-inputs")
-    time.sleep(1.5)
+    time.sleep(0.5)
     with pulse.stalled_speaker():
         t0 = time.monotonic()
         code = cli.finish(timeout=15)  # no Ctrl-C: it gives up by itself
@@ -240,14 +240,14 @@ def test_chat_live_conversation(pulse, chat_dir):
     cli = Cli(pulse, "mlx_speech.chat", "--model", str(chat_dir))
     cli.wait_ready()
     with pulse.record_speaker() as rec:
-        feed = pulse.feed_mic(speechlike(3.0, seed=8))
+        feed = pulse.feed_mic(speechlike(2.0, seed=8))
         assert feed.wait(30)
         time.sleep(0.3)
         assert cli.interrupt() == 0, cli.err
     assert cli.exit_s < _exit_limit(), cli.err
     stats = _stats(cli.err)
     steps = int(stats.split(" frames,")[0])
-    assert steps >= 30, stats  # ~3 s of 80 ms frames went through the model
+    assert steps >= 20, stats  # ~2 s of 80 ms frames went through the model
     assert "0 mic frames dropped" in stats and "warning" not in cli.err, cli.err
     assert np.abs(rec.samples).max() > 0  # the model's answer reached the speaker
 
@@ -256,9 +256,9 @@ def test_chat_live_microphone_goes_quiet(pulse, chat_dir):
     cli = Cli(pulse, "mlx_speech.chat", "--model", str(chat_dir))
     cli.wait_ready()
     feed = pulse.feed_mic(speechlike(3.0, seed=9))
-    time.sleep(0.8)
+    time.sleep(0.6)
     feed.pause()
-    time.sleep(1.5)
+    time.sleep(1.2)
     assert cli.interrupt() == 0, cli.err
     assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the microphone delivered no audio for" in cli.err, cli.err
@@ -270,9 +270,9 @@ def test_chat_live_speaker_stalls(pulse, chat_dir):
     cli = Cli(pulse, "mlx_speech.chat", "--model", str(chat_dir))
     cli.wait_ready()
     pulse.feed_mic(speechlike(4.0, seed=10))
-    time.sleep(1.0)
+    time.sleep(0.6)
     with pulse.stalled_speaker():
-        time.sleep(1.5)
+        time.sleep(1.2)
         assert cli.interrupt() == 0, cli.err
     assert cli.exit_s < _exit_limit(), cli.err
     assert "warning: the audio output took no audio for" in cli.err, cli.err
@@ -283,7 +283,7 @@ def test_chat_live_devices_unplugged(pulse, chat_dir):
     cli = Cli(pulse, "mlx_speech.chat", "--model", str(chat_dir))
     cli.wait_ready()
     pulse.feed_mic(speechlike(3.0, seed=11))
-    time.sleep(0.8)
+    time.sleep(0.6)
     with pulse.unplugged("mic"):  # the headset is pulled out: microphone and speaker go
         time.sleep(0.5)
         assert cli.interrupt() == 0, cli.err
