@@ -1,7 +1,7 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--delay-ms 480]
+    mlx_speech.transcribe --live [--delay-ms 480] [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
 Results go to stdout (or -o), logs and progress to stderr.
