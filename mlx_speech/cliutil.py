@@ -15,24 +15,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_cli(run: Callable[[object], None], args) -> int:
-    """Run `run(args)`: bad input is one `error: ...` line and exit 1, Ctrl-C exit 130.
-
-    `--verbose` (where a command has it) re-raises for the full traceback.
-    """
-    try:
-        run(args)
-    except MlxSpeechError as e:
-        if getattr(args, "verbose", False):
-            raise
-        log(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    return 0
-
-
 @contextlib.contextmanager
 def stop_on_ctrl_c():
     """For live loops: the first Ctrl-C sets the yielded Event (the loop finishes its
@@ -54,3 +36,22 @@ def stop_on_ctrl_c():
         yield stop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def run_cli(run: Callable[[object], None], args) -> int:
+    """Run `run(args)`: bad input is one `error: ...` line and exit 1, Ctrl-C exit 130.
+
+    `--verbose` (where a command has it) re-raises for the full traceback.
+    """
+    try:
+        run(args)
+    except MlxSpeechError as e:
+        if getattr(args, "verbose", False):
+            raise
+        log(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    return 0
+

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
     p.add_argument("--live", action="store_true", help="transcribe the microphone")
+    p.add_argument("--save-audio", metavar="FILE",
+                   help="--live: also write the audio the session received to FILE")
     p.add_argument("--delay-ms", type=int, default=None,
                    help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
     p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
@@ -165,8 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
-    p.add_argument("--save-audio", metavar="FILE",
-                   help="--live: also write the audio the session received to FILE")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
