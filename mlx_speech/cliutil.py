@@ -54,4 +54,3 @@ def run_cli(run: Callable[[object], None], args) -> int:
         log("interrupted")
         return 130
     return 0
-
