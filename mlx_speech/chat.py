@@ -90,20 +90,31 @@ def offline(model, args) -> None:
     log(stats.summary())
 
 
+SPEAKER_MAX_LAG_S = 2.0  # answer audio waiting beyond this is dropped (counted), not queued
+
+
 def live(model, args, max_lag_frames: int = 3) -> None:
-    from .audio.devices import Microphone, Speaker
+    from .audio.devices import QUIET_REPORT_S, Microphone, Speaker
+    from .cliutil import stop_on_ctrl_c
 
     sr, frame = model.sample_rate, model.frame_size
     session = _session(model, args)
     stats = Stats(frame / sr)
     pending: collections.deque[np.ndarray] = collections.deque()
-    log("listening; speak to the model (Ctrl-C to stop)")
-    with Speaker(sr, frame) as speaker, Microphone(sr, frame) as mic:
+    speaker_warned = False
+    with Speaker(sr, frame, max_seconds=SPEAKER_MAX_LAG_S) as speaker, \
+            Microphone(sr, frame) as mic, stop_on_ctrl_c() as stop:
+        log("listening; speak to the model (Ctrl-C to stop)")
         try:
-            while True:
+            while not stop.is_set():
+                if not speaker_warned and (problem := speaker.problem()):
+                    log(f"warning: {problem}; the conversation goes on (Ctrl-C to stop)")
+                    speaker_warned = True
                 if not pending:
-                    block = mic.read(timeout=1.0)
+                    block = mic.read_watched(0.1, lambda m: log(f"warning: {m}"))
                     if block is None:
+                        if mic.ended:
+                            break
                         continue
                     pending.append(block)
                 while (more := mic.read(timeout=0)) is not None:
@@ -114,7 +125,7 @@ def live(model, args, max_lag_frames: int = 3) -> None:
                 t0 = time.perf_counter()
                 pcm, text = session.step(pending.popleft())
                 stats.add(time.perf_counter() - t0)
-                speaker.write(pcm)
+                speaker.offer(pcm)  # never blocks: a stalled speaker must not stop the loop
                 if text:
                     sys.stdout.write(text)
                     sys.stdout.flush()
@@ -122,8 +133,14 @@ def live(model, args, max_lag_frames: int = 3) -> None:
             pass
         finally:
             sys.stdout.write("\n")
+            sys.stdout.flush()
+            speaker.close(abort=True)  # the user is done: do not play out the backlog
+            for problem in (mic.problem(QUIET_REPORT_S), speaker.failure):
+                if problem:
+                    log(f"warning: {problem}")
             stats.dropped += mic.dropped
-            log(f"{stats.summary()}, {speaker.underruns} speaker underruns")
+            lost = f", {speaker.dropped} speaker frames dropped" if speaker.dropped else ""
+            log(f"{stats.summary()}, {speaker.underruns} speaker underruns{lost}")
 
 
 def build_parser() -> argparse.ArgumentParser:

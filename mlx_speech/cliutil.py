@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from .errors import MlxSpeechError
@@ -10,6 +13,29 @@ from .errors import MlxSpeechError
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """For live loops: the first Ctrl-C sets the yielded Event (the loop finishes its
+    step, flushes and reports); a second one interrupts at once. Elsewhere than in the
+    main thread nothing changes (the Event just never fires)."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_cli(run: Callable[[object], None], args) -> int:

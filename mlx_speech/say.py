@@ -118,19 +118,27 @@ def play(model, text: str, args, progress: _Progress) -> float:
     """Stream chunks into the speakers as they are made; returns seconds played."""
     from .audio.devices import Speaker
     from .audio.resample import resample
+    from .errors import DeviceError
 
     sr = model.sample_rate
     speaker = Speaker(sr, max(1, sr // 25), device=_device(args.device),  # 40 ms blocks
                       prebuffer_seconds=0.2, hint=NO_SPEAKER_HINT)
     seconds = 0.0
-    with speaker:
-        for chunk in _chunks(model, text, args, progress):
-            x = chunk.samples
-            if chunk.sample_rate != sr:
-                x = resample(x, chunk.sample_rate, sr)
-            speaker.write(x)
-            seconds += len(x) / sr
-        progress.close()  # the bar is done; the speaker still plays the tail
+    try:
+        with speaker:
+            for chunk in _chunks(model, text, args, progress):
+                x = chunk.samples
+                if chunk.sample_rate != sr:
+                    x = resample(x, chunk.sample_rate, sr)
+                speaker.write(x)
+                seconds += len(x) / sr
+            progress.close()  # the bar is done; the speaker still plays the tail
+    except KeyboardInterrupt:
+        if speaker.failure:  # why nothing more could be heard, e.g. a stalled device
+            log(f"warning: {speaker.failure}")
+        raise
+    if speaker.failure:
+        raise DeviceError(f"{speaker.failure}: playback stopped{NO_SPEAKER_HINT}")
     if speaker.underruns:
         log(f"warning: playback ran dry {speaker.underruns} time(s): generation was slower "
             "than real time here (try -o FILE)")

@@ -1,7 +1,7 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--delay-ms 480]
+    mlx_speech.transcribe --live [--delay-ms 480] [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
 Results go to stdout (or -o), logs and progress to stderr.
@@ -86,32 +86,70 @@ def _mode(model, args) -> dict:
     return {"latency_ms": args.latency_ms}
 
 
+class _AudioLog:
+    """--save-audio: every block the session received, written as it arrives
+    (float wav keeps the samples exact; other formats are 16-bit)."""
+
+    def __init__(self, path: str, sample_rate: int):
+        import soundfile as sf
+
+        subtype = "FLOAT" if path.lower().endswith(".wav") else None
+        try:
+            self.file = sf.SoundFile(path, "w", samplerate=sample_rate, channels=1,
+                                     subtype=subtype)
+        except (sf.LibsndfileError, OSError, TypeError, ValueError) as e:
+            raise MlxSpeechError(f"cannot write {path}: {e}") from None
+        self.path = path
+
+    def write(self, block) -> None:
+        self.file.write(block)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def live(model, args) -> None:
-    from .audio.devices import Microphone
+    from .audio.devices import QUIET_REPORT_S, Microphone
+    from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
     session = model.session(**mode)
-    log("listening... (Ctrl-C to stop)")
+    saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
-    with mic:
-        try:
-            while True:
-                block = mic.read(timeout=1.0)
-                if block is None:
-                    continue
-                text = session.feed(block)
-                if text:
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-                if session.done:  # EOS: start over on the same model
-                    sys.stdout.write("\n")
-                    session = model.session(**mode)
-        except KeyboardInterrupt:
-            pass
+    problem = None
+    try:
+        with mic, stop_on_ctrl_c() as stop:
+            log("listening... (Ctrl-C to stop)")
+            try:
+                while not stop.is_set():
+                    block = mic.read_watched(0.1, lambda m: log(f"warning: {m}"))
+                    if block is None:
+                        if mic.ended:
+                            break
+                        continue
+                    if saved is not None:
+                        saved.write(block)
+                    text = session.feed(block)
+                    if text:
+                        sys.stdout.write(text)
+                        sys.stdout.flush()
+                    if session.done:  # EOS: start over on the same model
+                        sys.stdout.write("\n")
+                        session = model.session(**mode)
+            except KeyboardInterrupt:
+                pass
+            problem = mic.problem(QUIET_REPORT_S)
+    finally:
+        if saved is not None:
+            saved.close()
     sys.stdout.write(session.finish() + "\n")
     sys.stdout.flush()
+    if problem:
+        log(f"warning: {problem}")
     if mic.dropped:
         log(f"warning: {mic.dropped} audio blocks were dropped (the model fell behind)")
+    if saved is not None:
+        log(f"wrote {saved.path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
     p.add_argument("--live", action="store_true", help="transcribe the microphone")
+    p.add_argument("--save-audio", metavar="FILE",
+                   help="--live: also write the audio the session received to FILE")
     p.add_argument("--delay-ms", type=int, default=None,
                    help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
     p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
@@ -147,6 +187,12 @@ def _run(args) -> None:
             raise MlxSpeechError(f"no such file: {f}")
     if args.live and args.files:
         raise MlxSpeechError("give audio files or --live, not both")
+    if args.save_audio:
+        if not args.live:
+            raise MlxSpeechError("--save-audio is for --live")
+        from .audio.io import check_writable
+
+        check_writable(args.save_audio)
     import mlx_speech
 
     log(f"loading {args.model}")

@@ -99,9 +99,17 @@ def test_not_a_duplex_model(monkeypatch, tmp_path, capsys):
 class FakeMic:
     """Delivers a burst of frames at once, as if the model had stalled."""
 
+    ended = False
+
     def __init__(self, sample_rate, block_samples):
         self.blocks = [np.full(block_samples, i, np.float32) for i in range(8)]
         self.dropped = 2
+
+    def silent_for(self):
+        return 0.0
+
+    def problem(self, quiet_seconds):
+        return None
 
     def __enter__(self):
         return self
@@ -116,10 +124,21 @@ class FakeMic:
             return None
         raise KeyboardInterrupt  # the user stops the session
 
+    def read_watched(self, timeout, warn):
+        return self.read(timeout)
+
 
 class FakeSpeaker:
-    def __init__(self, sample_rate, block_samples):
+    failure, dropped = None, 0
+
+    def __init__(self, sample_rate, block_samples, **kw):
         self.written, self.underruns = [], 1
+
+    def problem(self):
+        return None
+
+    def close(self, abort=False):
+        pass
 
     def __enter__(self):
         return self
@@ -127,7 +146,7 @@ class FakeSpeaker:
     def __exit__(self, *exc):
         pass
 
-    def write(self, pcm):
+    def offer(self, pcm):
         self.written.append(pcm)
 
 

@@ -144,7 +144,13 @@ def test_live_loop_prints_partials_and_ends_cleanly_on_ctrl_c(vr_dir, vr_model, 
     blocks = [audio[i: i + 1280] for i in range(0, len(audio), 1280)]
 
     class FakeMic:
-        dropped = 0
+        dropped, ended = 0, False
+
+        def silent_for(self):
+            return 0.0
+
+        def problem(self, quiet_seconds):
+            return None
 
         def __init__(self, **kw):
             assert kw["sample_rate"] == 16000
@@ -159,6 +165,9 @@ def test_live_loop_prints_partials_and_ends_cleanly_on_ctrl_c(vr_dir, vr_model, 
             if not blocks:
                 raise KeyboardInterrupt
             return blocks.pop(0)
+
+        def read_watched(self, timeout, warn):
+            return self.read(timeout)
 
     monkeypatch.setattr(devices, "Microphone", FakeMic)
     assert transcribe.main(["--live", "--model", str(vr_dir)]) == 0

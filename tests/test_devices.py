@@ -17,7 +17,7 @@ class PortAudioError(Exception):
 
 
 def fake_sounddevice(monkeypatch, *, has_input=True, has_output=True, open_error=None,
-                     run_device=False):
+                     run_device=False, hang_on_stop=False):
     """A stand-in sounddevice. With run_device, an OutputStream pulls audio from its
     callback on a thread (like PortAudio) and records it in `stream.played`."""
     sd = types.ModuleType("sounddevice")
@@ -57,13 +57,17 @@ def fake_sounddevice(monkeypatch, *, has_input=True, has_output=True, open_error
                 self._thread.start()
 
         def stop(self):
+            if hang_on_stop:  # Pa_StopStream waits for a stalled device to play out
+                time.sleep(30)
             self.started = False
             if self._thread is not None:
                 self._thread.join()
 
         def abort(self):
             self.aborted = True
-            self.stop()
+            self.started = False
+            if self._thread is not None:
+                self._thread.join()
 
         def close(self):
             self.closed = True
@@ -72,13 +76,20 @@ def fake_sounddevice(monkeypatch, *, has_input=True, has_output=True, open_error
         def __init__(self, **kw):
             if open_error is not None:
                 raise open_error
-            self.kw, self.started, self.closed = kw, False, False
+            self.kw, self.started, self.closed, self.aborted = kw, False, False, False
+            self.active = True
             sd.streams.append(self)
 
         def start(self):
             self.started = True
 
         def stop(self):
+            if hang_on_stop:  # Pa_StopStream on a device that stopped delivering
+                time.sleep(30)
+            self.started = False
+
+        def abort(self):
+            self.aborted = True
             self.started = False
 
         def close(self):
@@ -121,6 +132,60 @@ def test_full_queue_drops_and_counts(monkeypatch):
     assert mic.read(0)[0] == 0.0 and mic.read(0)[0] == 1.0 and mic.read(0) is None
     mic.close()
     mic.close()
+
+
+def _returns_within(fn, seconds: float) -> bool:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
+
+
+def test_microphone_close_never_waits_on_a_stalled_device(monkeypatch):
+    sd = fake_sounddevice(monkeypatch, hang_on_stop=True)
+    mic = Microphone()
+    mic.start()
+    assert _returns_within(mic.close, 2.0)  # Ctrl-C must be able to end a live session
+    assert sd.streams[0].aborted and sd.streams[0].closed
+
+
+def test_microphone_tells_quiet_from_gone(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    with Microphone(max_blocks=4) as mic:
+        cb = sd.streams[0].kw["callback"]
+        cb(block(0.5), 1280, None, None)
+        assert mic.problem(0.05) is None and mic.blocks == 1
+        time.sleep(0.1)
+        assert mic.problem(0.05).startswith("the microphone delivered no audio for 0.1")
+        assert not mic.ended and mic.read(0)[0] == 0.5
+        for _ in range(10):  # a consumer that never reads: bounded memory, drops counted
+            cb(block(0.5), 1280, None, None)
+        assert mic._queue.qsize() == 4 and mic.dropped == 6
+        sd.streams[0].active = False  # PortAudio ended the stream: the device went away
+        assert mic.ended and mic.problem(60).startswith("the microphone stream ended")
+        while mic.read(0) is not None:
+            pass
+        t0 = time.monotonic()
+        assert mic.read(timeout=5) is None and time.monotonic() - t0 < 0.5  # no waiting
+
+
+def test_read_watched_warns_once_per_quiet_stretch(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    warnings = []
+    with Microphone() as mic:
+        cb = sd.streams[0].kw["callback"]
+        for _ in range(3):
+            assert mic.read_watched(0.05, warnings.append, quiet_seconds=0.08) is None
+        assert len(warnings) == 1 and "delivered no audio for" in warnings[0]
+        assert warnings[0].endswith("; still listening (Ctrl-C to stop)")
+        cb(block(0.5), 1280, None, None)  # audio again: a later quiet stretch is new
+        assert mic.read_watched(0.05, warnings.append, quiet_seconds=0.08)[0] == 0.5
+        for _ in range(3):
+            mic.read_watched(0.05, warnings.append, quiet_seconds=0.08)
+        assert len(warnings) == 2
+        sd.streams[0].active = False  # gone: the loop ends on `ended`, no quiet warning
+        mic.read_watched(0.05, warnings.append, quiet_seconds=0.0)
+        assert len(warnings) == 2
 
 
 def test_missing_sounddevice(monkeypatch):
@@ -185,7 +250,9 @@ def test_speaker_plays_everything_in_order(monkeypatch):
         assert stream.kw["channels"] == 1 and stream.kw["dtype"] == "float32"
         for part in np.split(x, [7, 300, 301, 820]):  # odd sizes: carried across writes
             sp.write(part)
-    assert stream.closed and not stream.aborted  # left normally: drained, then stopped
+    # left normally: drained (all of it is below), then aborted, never stopped: stopping
+    # waits on the device, forever if it stalled
+    assert stream.closed and stream.aborted
     out = np.concatenate(stream.played)
     start = np.flatnonzero(out)[0]  # silence before the first write is fine
     np.testing.assert_array_equal(out[start:start + 1000], x)
@@ -244,6 +311,35 @@ def test_speaker_drain_times_out_if_the_device_stalls(monkeypatch):
     t0 = time.monotonic()
     assert sp.drain(timeout=0.2) is False
     assert 0.15 < time.monotonic() - t0 < 2
+    sp.close()
+
+
+def test_speaker_that_stops_taking_audio_never_hangs(monkeypatch):
+    sd = fake_sounddevice(monkeypatch, hang_on_stop=True)  # and nobody pulls
+    sp = Speaker(1000, 100, max_seconds=0.2, stall_seconds=0.3)
+    sp.start()
+    raised = []
+
+    def write():  # the queue fills, then the stall shows
+        try:
+            sp.write(np.zeros(1000, np.float32))
+        except DeviceError as e:
+            raised.append(str(e))
+
+    assert _returns_within(write, 2.0)
+    assert raised and raised[0].startswith("the audio output took no audio for 0.")
+    assert not sp.offer(np.zeros(100, np.float32)) and sp.dropped == 1  # never blocks
+    assert sp.drain() is False and sp.failure.startswith("the audio output took no audio")
+    assert _returns_within(sp.close, 2.0) and sd.streams[0].aborted
+
+
+def test_speaker_device_gone(monkeypatch):
+    sd = fake_sounddevice(monkeypatch)
+    sp = Speaker(1000, 100, max_seconds=0.2)
+    sp.start()
+    sd.streams[0].active = False  # PortAudio ended the stream
+    with pytest.raises(DeviceError, match="the audio output device went away"):
+        sp.write(np.zeros(1000, np.float32))
     sp.close()
 
 

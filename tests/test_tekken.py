@@ -1,10 +1,10 @@
 import base64
 import json
+import sys
 
 import pytest
 
 from mlx_speech.errors import CheckpointError
-from mlx_speech.text import tekken as tekken_mod
 from mlx_speech.text.tekken import StreamingDetokenizer, Tekken
 from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
 
@@ -69,14 +69,13 @@ def test_round_trip(tok, text):
     assert tok.decode(ids) == text
 
 
-def test_round_trip_without_regex_module(tok, monkeypatch, text="Grüße 42 x_y!  "):
-    import re
-
-    monkeypatch.setattr(
-        tekken_mod, "_compile", lambda p: re.compile(tekken_mod._FALLBACK_PATTERN)
-    )
+def test_without_regex_module_is_an_error_not_other_ids(tok, monkeypatch):
+    # `re` has no \\p{L}: a look-alike pattern would silently change the ids (and the
+    # TTS prompts); `regex` is a dependency, and its absence is a clear error
+    monkeypatch.setitem(sys.modules, "regex", None)
     tok.__dict__.pop("_regex", None)
-    assert tok.decode(tok.encode(text)) == text
+    with pytest.raises(CheckpointError, match="needs the regex module"):
+        tok.encode("Grüße 42 x_y!  ")
 
 
 def test_pieces_follow_the_pattern(tok):

@@ -8,7 +8,6 @@ past the vocabulary (e.g. an RNN-T blank) render as nothing.
 
 from __future__ import annotations
 
-import codecs
 import json
 import re
 import struct
@@ -19,6 +18,7 @@ from ..errors import CheckpointError
 SPACE = "\u2581"
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+UNKNOWN_SURFACE = " \u2047 "
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -68,6 +68,35 @@ def _pieces_from_model(data: bytes) -> list[tuple[str, int]]:
     return pieces
 
 
+def normalizer_flags(data: bytes) -> tuple[bool, bool]:
+    """NormalizerSpec (add_dummy_prefix, remove_extra_whitespaces) of a .model file,
+    both on by default."""
+    dummy_prefix = collapse = True
+    for num, wire, val in _fields(data):
+        if num == 3 and wire == 2:  # ModelProto.normalizer_spec
+            for n, w, v in _fields(val):
+                if n == 3 and w == 0:
+                    dummy_prefix = bool(v)
+                elif n == 4 and w == 0:
+                    collapse = bool(v)
+    return dummy_prefix, collapse
+
+
+def _unk_surface(data: bytes) -> str:
+    for num, wire, val in _fields(data):
+        if num == 2 and wire == 2:  # ModelProto.trainer_spec
+            for n, w, v in _fields(val):
+                if n == 44 and w == 2:  # TrainerSpec.unk_surface
+                    return v.decode("utf-8")
+    return UNKNOWN_SURFACE
+
+
+def _read_model_proto(data: bytes) -> dict:
+    dummy_prefix, collapse = normalizer_flags(data)
+    return {"pieces": _pieces_from_model(data), "dummy_prefix": dummy_prefix,
+            "collapse": collapse, "unk_surface": _unk_surface(data)}
+
+
 def _pieces_from_json(tj: dict) -> list[tuple[str, int]]:
     model = tj.get("model") or {}
     vocab = model.get("vocab")
@@ -92,15 +121,24 @@ def _pieces_from_json(tj: dict) -> list[tuple[str, int]]:
 
 
 class SentencePieceDecoder:
-    def __init__(self, pieces: list[tuple[str, int]]):
+    """ids -> text exactly as sentencepiece's `decode` (see StreamingDecoder).
+
+    `dummy_prefix` / `collapse`: the model normalizer's add_dummy_prefix and
+    remove_extra_whitespaces, which decide how leading spaces are dropped.
+    """
+
+    def __init__(self, pieces: list[tuple[str, int]], *, dummy_prefix: bool = True,
+                 collapse: bool = False, unk_surface: str = UNKNOWN_SURFACE):
         self.pieces = pieces
+        self.dummy_prefix, self.collapse = dummy_prefix, collapse
+        self.unk_surface = unk_surface
         self._bytes: list[bytes] = []
         for p, kind in pieces:
             if kind == BYTE and _BYTE.match(p):
                 self._bytes.append(bytes([int(_BYTE.match(p).group(1), 16)]))
             elif kind == UNKNOWN:
-                self._bytes.append(" \u2047 ".encode())
-            elif kind in (NORMAL, USER_DEFINED):
+                self._bytes.append(unk_surface.encode())
+            elif kind in (NORMAL, USER_DEFINED, UNUSED):
                 self._bytes.append(p.replace(SPACE, " ").encode("utf-8"))
             else:
                 self._bytes.append(b"")
@@ -111,50 +149,102 @@ class SentencePieceDecoder:
         try:
             if path.suffix == ".json":
                 return cls(_pieces_from_json(json.loads(path.read_text(encoding="utf-8"))))
-            return cls(_pieces_from_model(path.read_bytes()))
+            return cls(**_read_model_proto(path.read_bytes()))
         except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError) as e:
             raise CheckpointError(f"cannot read tokenizer {path}: {e}") from None
 
     @classmethod
     def from_model_bytes(cls, data: bytes, name: str = "tokenizer.model") -> SentencePieceDecoder:
         try:
-            return cls(_pieces_from_model(data))
+            return cls(**_read_model_proto(data))
         except (ValueError, IndexError, UnicodeDecodeError) as e:
             raise CheckpointError(f"cannot read tokenizer {name}: {e}") from None
 
     def __len__(self) -> int:
         return len(self.pieces)
 
+    def kind(self, i: int) -> int:
+        """The piece type of id `i` (CONTROL for ids past the vocabulary, e.g. a blank)."""
+        return self.pieces[i][1] if 0 <= i < len(self.pieces) else CONTROL
+
     def token_bytes(self, i: int) -> bytes:
         return self._bytes[i] if 0 <= i < len(self._bytes) else b""
 
     def is_unknown(self, i: int) -> bool:
-        return 0 <= i < len(self.pieces) and self.pieces[i][1] == UNKNOWN
+        return self.kind(i) == UNKNOWN
 
     def decode(self, ids: list[int]) -> str:
         s = StreamingDecoder(self)
         return "".join(s.add(i) for i in ids) + s.flush()
 
 
+def _utf8_prefix(data: bytes, final: bool) -> tuple[str, bytes]:
+    """Decode like sentencepiece: each byte that does not start a well-formed UTF-8
+    character becomes one U+FFFD. Unless `final`, a trailing incomplete character is
+    returned undecoded (more bytes may complete it)."""
+    out, i, n = [], 0, len(data)
+    while i < n:
+        c = data[i]
+        need = 1 if c < 0x80 else 2 if 0xC2 <= c < 0xE0 else 3 if 0xE0 <= c < 0xF0 \
+            else 4 if 0xF0 <= c < 0xF5 else 0
+        if need == 1:
+            out.append(chr(c))
+            i += 1
+            continue
+        if need and i + need <= n:
+            try:
+                out.append(data[i:i + need].decode("utf-8"))  # strict: overlong, surrogates
+                i += need
+                continue
+            except UnicodeDecodeError:
+                pass
+        elif need and not final:
+            try:  # a valid start of a character cut short: hold it back
+                data[i:].decode("utf-8", "strict")
+            except UnicodeDecodeError as e:
+                if e.reason == "unexpected end of data":
+                    return "".join(out), data[i:]
+        out.append("\ufffd")
+        i += 1
+    return "".join(out), b""
+
+
 class StreamingDecoder:
     """Append-only text deltas, equal in sum to sentencepiece's decode.
 
-    Like sentencepiece, spaces are dropped until the first visible text (the
-    dummy prefix); an unknown piece ends that state as it is.
+    sentencepiece's rules: control pieces (and here ids past the vocabulary)
+    print nothing; unknown pieces print the unknown surface (" \u2047 "); runs of
+    byte pieces are UTF-8, each stray byte becoming U+FFFD. Leading spaces: while
+    nothing has been printed, a piece loses one leading U+2581 (the dummy prefix);
+    with remove_extra_whitespaces every such piece does, else only the first.
     """
 
     def __init__(self, spm: SentencePieceDecoder):
         self.spm = spm
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._started = False
+        self._pending = b""  # byte pieces of a character not complete yet
+        self._printed = False
+        self._bos = spm.dummy_prefix or spm.collapse  # a leading U+2581 is still dropped
+        self._dropped = False  # the previous piece had its leading U+2581 dropped
 
     def add(self, i: int) -> str:
+        kind = self.spm.kind(i)
         b = self.spm.token_bytes(i)
-        if not self._started:
-            if not self.spm.is_unknown(i):
-                b = b.lstrip(b" ")
-            self._started = bool(b)
-        return self._utf8.decode(b)
+        if kind == BYTE:
+            text, self._pending = _utf8_prefix(self._pending + b, False)
+            self._printed = self._printed or bool(text)
+            return text
+        out = self.flush()
+        if self._dropped or self._printed:
+            self._bos = False
+        self._dropped = False
+        if kind not in (CONTROL, UNKNOWN) and self._bos and b.startswith(b" "):
+            b = b[1:]
+            self._dropped = not self.spm.collapse
+        text = b.decode("utf-8")
+        self._printed = self._printed or bool(text)
+        return out + text
 
     def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        text, self._pending = _utf8_prefix(self._pending, True)
+        self._printed = self._printed or bool(text)
+        return text

@@ -22,25 +22,20 @@ TEKKEN_PATTERN = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Without the `regex` module \p{..} is unavailable; this keeps the same shape
-# (letter runs, single digits, punctuation runs, whitespace) with `re` classes.
-_FALLBACK_PATTERN = (
-    r"[^\r\n\w]?[^\W\d_]+|\d| ?(?:[^\s\w]|_)+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 
 def _compile(pattern: str):
+    """The pre-tokenizer needs Unicode property classes (\\p{L}...): `regex`, never `re`
+    (a look-alike pattern would silently change the ids)."""
     try:
         import regex
-
-        return regex.compile(pattern)
     except ImportError:
-        import re
-
-        try:
-            return re.compile(pattern)
-        except re.error:
-            return re.compile(_FALLBACK_PATTERN)
+        raise CheckpointError(
+            "the Tekken tokenizer needs the regex module: pip install regex") from None
+    try:
+        return regex.compile(pattern)
+    except regex.error as e:
+        raise CheckpointError(f"bad Tekken pre-tokenizer pattern ({e})") from None
 
 
 class Tekken:

@@ -23,6 +23,7 @@ from ...text.spm import (
     SentencePieceDecoder,
     StreamingDecoder,
     _fields,
+    normalizer_flags,
 )
 
 SILENT_TEXT_IDS = (0, 3)  # EPAD, PAD
@@ -31,7 +32,6 @@ _UNK_PENALTY = 10.0  # sentencepiece: unknown pieces score min_score - 10
 
 def _read_model(data: bytes):
     pieces: list[tuple[str, float, int]] = []
-    dummy_prefix, collapse = True, True
     for num, wire, val in _fields(data):
         if num == 1 and wire == 2:
             piece, score, kind = "", 0.0, NORMAL
@@ -43,13 +43,7 @@ def _read_model(data: bytes):
                 elif n == 3 and w == 0:
                     kind = v
             pieces.append((piece, score, kind))
-        elif num == 3 and wire == 2:  # NormalizerSpec
-            for n, w, v in _fields(val):
-                if n == 3 and w == 0:
-                    dummy_prefix = bool(v)
-                elif n == 4 and w == 0:
-                    collapse = bool(v)
-    return pieces, dummy_prefix, collapse
+    return (pieces, *normalizer_flags(data))
 
 
 class TextTokenizer:
