@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ..asr import load_strict
@@ -50,8 +51,10 @@ def weight_patterns(folder: Path) -> list[str]:
 
 
 def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
-             dtype: mx.Dtype | None = None, quantize: int | None = None) -> LM:
-    """An LM from Kyutai/PersonaPlex-named tensors: strict, lazy (memory-mapped) loading."""
+             dtype: mx.Dtype | None = None, quantize: int | None = None,
+             converted: bool = False) -> LM:
+    """An LM from Kyutai/PersonaPlex-named tensors (`converted`: already in our names):
+    strict, lazy (memory-mapped) loading."""
     n = depformer_steps(weights)
     if n != config.dep_q:
         if n == config.n_q and config.n_q % 2 == 0:
@@ -60,7 +63,7 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
             raise CheckpointError(f"{where}: config says dep_q={config.dep_q} but the weights "
                                   f"have {n} depformer heads")
     lm = LM(config, *gated_hidden(weights))
-    load_strict(lm, remap(weights, lm), where, dtype)
+    load_strict(lm, weights if converted else remap(weights, lm), where, dtype)
     if quantize is not None:
         quantize_lm(lm, quantize)
     return lm
@@ -179,7 +182,7 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
         paths[what] = p
     config = LmConfig.from_dict(files.lm)
     lm = build_lm(config, load_safetensors([paths["LM weights"]]), paths["LM weights"],
-                  dtype, quantize)
+                  dtype, quantize, converted=is_converted([paths["LM weights"]]))
     mimi_cfg = None
     if files.mimi_config_name:
         mimi_cfg = read_json(folder / files.mimi_config_name)

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...text.spm import SentencePieceDecoder
@@ -76,6 +77,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None) -> NemotronStreaming:
     tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive.
     """
     path = Path(path)
+    converted = False
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
         c = hf_config(nemo_config)
@@ -92,9 +94,11 @@ def load(path: str | Path, dtype: mx.Dtype | None = None) -> NemotronStreaming:
             raise CheckpointError(f"no safetensors weights in {path}")
         tokenizer = _read_tokenizer(path)
         weights = load_safetensors(files)
+        converted = is_converted(files)  # already in our names
     config = NemotronStreamingConfig.from_hf(c)
     model = Model(config)
     params = dict(tree_flatten(model.parameters()))
-    weights = remap(weights, set(params))
+    if not converted:
+        weights = remap(weights, set(params))
     load_strict(model, weights, path, dtype)
     return NemotronStreaming(model, tokenizer, config)

@@ -41,8 +41,8 @@ def _member(tar: tarfile.TarFile, pattern: str) -> tarfile.TarInfo | None:
     return None
 
 
-def read_nemo(path: str | Path) -> tuple[dict, dict[str, mx.array], bytes]:
-    """(model_config, transformers-named weights, tokenizer.model bytes)."""
+def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, mx.array], bytes]:
+    """(model_config, transformers-named weights ({} if not `weights`), tokenizer.model bytes)."""
     import yaml
 
     path = Path(path)
@@ -56,16 +56,16 @@ def read_nemo(path: str | Path) -> tuple[dict, dict[str, mx.array], bytes]:
             if tok_m is None:
                 raise CheckpointError(f"{path} has no SentencePiece tokenizer.model")
             config = yaml.safe_load(tar.extractfile(cfg_m).read())
-            raw = tar.extractfile(w_m).read()
+            raw = tar.extractfile(w_m).read() if weights else None
             tok = tar.extractfile(tok_m).read()
     except (tarfile.TarError, OSError, yaml.YAMLError) as e:
         raise CheckpointError(f"cannot read {path}: {e}") from None
-    weights = {}
-    for k, v in read_state_dict(raw).items():
+    out = {}
+    for k, v in (read_state_dict(raw) if weights else {}).items():
         name = hf_name(k)
         if name is not None:
-            weights[name] = v
-    return config, weights, tok
+            out[name] = v
+    return config, out, tok
 
 
 def hf_config(nemo: dict) -> dict:

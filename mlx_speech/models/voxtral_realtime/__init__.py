@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, mistral_or_hf_layout
 from ...text.tekken import Tekken
@@ -70,10 +71,12 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:
     config.apply_tekken_audio(tokenizer.audio)
     model = Model(config)
     expected = {k for k, _ in tree_flatten(model.parameters())}
-    try:
-        weights = remap(load_safetensors(files), config, expected)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{folder}: {e}") from None
+    weights = load_safetensors(files)
+    if not is_converted(files):  # converted folders are already in our names
+        try:
+            weights = remap(weights, config, expected)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{folder}: {e}") from None
     load_strict(model, weights, folder, dtype)
     return VoxtralRealtime(model, tokenizer, config)
 
