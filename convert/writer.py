@@ -102,19 +102,21 @@ PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
          "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi}
 
 
-def _quant_summary(module, weights: dict) -> tuple[dict | None, dict]:
-    """(the most common quantization, modules quantized differently) from the tensors."""
-    quantized = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
-    if not quantized:
-        return None, {}
-    from mlx_speech.nn.quant import infer_quantization
+def _quant_summary(module) -> tuple[dict | None, dict]:
+    """(the most common quantization, modules quantized differently) of a loaded model."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
 
-    mods = dict(module.named_modules())
-    found = {p: infer_quantization(weights, p, mods.get(p)) for p in sorted(quantized)}
+    from mlx_speech.nn.quant import is_quantized
+
+    leaves = tree_flatten(module.leaf_modules(), is_leaf=nn.Module.is_module)
+    found = {p: {"bits": m.bits, "group_size": m.group_size, "mode": m.mode}
+             for p, m in leaves if is_quantized(m)}
+    if not found:
+        return None, {}
     key = lambda q: json.dumps(q, sort_keys=True)  # noqa: E731
     common = Counter(key(q) for q in found.values()).most_common(1)[0][0]
-    overrides = {p: q for p, q in found.items() if key(q) != common}
-    return json.loads(common), overrides
+    return json.loads(common), {p: q for p, q in sorted(found.items()) if key(q) != common}
 
 
 def _float_dtype(weights: dict) -> str | None:
@@ -190,7 +192,7 @@ def convert_model(src: str | Path, out: str | Path, *, quantize: int | None = No
     PLANS[kind](plan, path, loaded)
     weights = {part: dict(tree_flatten(m.parameters())) for part, (_, m) in plan.parts.items()}
     main = "lm" if "lm" in plan.parts else "model"
-    quant, overrides = _quant_summary(plan.parts[main][1], weights[main])
+    quant, overrides = _quant_summary(plan.parts[main][1])
     manifest = {
         "format": FORMAT, "version": VERSION, "model_type": kind,
         "dtype": _float_dtype(weights[main]), "quantization": quant, "overrides": overrides,
