@@ -210,7 +210,7 @@ def _write(d: Path, name: str, text: str = "x") -> Path:
     (lambda d: _write(d / "m", "config.json", '{"model_type": "llama"}'), ["m", "o"],
      "unsupported model type 'llama'"),
     (lambda d: _write(d, "x.onnx"), ["x.onnx", "o"], "don't know how to convert x.onnx"),
-    (lambda d: _write(d / "o", "junk"), ["SRC", "o"], "output o already exists and is not empty"),
+    (lambda d: _write(d / "o", "junk"), ["SRC", "o"], "output o already exists and is not an empty folder"),
     (lambda d: None, ["SRC", "o", "--quantize", "7"], "--quantize must be one of 2, 3, 4, 5, 6, 8"),
     (lambda d: None, ["SRC", "o", "--quantize", "four"], "--quantize needs a whole number"),
     (lambda d: None, ["SRC", "o", "--quantize", "4", "--group-size", "48"],
