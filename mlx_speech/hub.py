@@ -38,17 +38,18 @@ def detect_model_type(folder: Path) -> str:
     manifest = read_manifest(folder)
     if manifest is not None:  # our converted layout says it
         return manifest["model_type"]
-    params = folder / "params.json"
-    if params.exists():
-        p = read_json(params)
+    params, cfg = folder / "params.json", folder / "config.json"
+    c = read_json(cfg) if cfg.exists() else None
+    p = read_json(params) if params.exists() else None
+    if p is None and c is not None and "multimodal" in c and "model_type" not in c:
+        p = c  # voxmlx: params.json saved as config.json (+ quantization)
+    if p is not None:
         mm = p.get("multimodal", {})
         if "whisper_model_args" in mm and p.get("ada_rms_norm_t_cond"):
             return "voxtral_realtime"
         if p.get("model_type") == "voxtral_tts" or "audio_tokenizer_args" in mm:
             return "voxtral_tts"
-    cfg = folder / "config.json"
-    if cfg.exists():
-        c = read_json(cfg)
+    if c is not None:
         if any(k in c for k in _KYUTAI_LM_KEYS):
             kind = c.get("model_type", "moshi")
             if kind != "moshi":

@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 from ..audio.io import check_audio, load_audio
 from ..errors import CheckpointError
+from ..nn import quant
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
 
@@ -91,17 +92,31 @@ def raise_missing(expected: set[str], got) -> None:
         raise CheckpointError(f"checkpoint is missing key {missing[0]!r}{more}")
 
 
-def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | None) -> None:
-    """Shapes checked, every parameter set, then one eval reads the mapped files."""
+def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | None,
+                quantize: int | None = None, group_size: int = 64,
+                keep: quant.Keep | None = None, expect: dict | None = None) -> None:
+    """Shapes checked, every parameter set, then one eval reads the mapped files.
+
+    Modules the file stores quantized (`<path>.scales`) are swapped in first, with the
+    bits / group size their tensors say (`expect`: what the checkpoint declares). `quantize`
+    (bits) then quantizes the rest on the fly, except what `keep(path, module)` keeps.
+    """
+    try:
+        quant.quantize_from_weights(model, weights, expect)
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
     for k, p in tree_flatten(model.parameters()):
         if tuple(weights[k].shape) != tuple(p.shape):
             raise CheckpointError(f"weight {k!r} has shape {tuple(weights[k].shape)}, "
                                   f"config expects {tuple(p.shape)}")
-    if dtype is not None:
-        weights = {k: v.astype(dtype) for k, v in weights.items()}
+    if dtype is not None:  # packed quantized weights and fp-mode scales stay as they are
+        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     try:
+        if quantize is not None:
+            quant.quantize(model, quantize, group_size, keep=keep)
         mx.eval(model.parameters())
     except RuntimeError as e:
         msg = str(e).splitlines()[0]

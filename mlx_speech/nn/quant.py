@@ -47,6 +47,15 @@ def check_params(bits: int, group_size: int = 64, mode: str = "affine") -> None:
                              f"{', '.join(map(str, allowed_groups))}, got {group_size!r}")
 
 
+def param_name(key: str) -> str:
+    """`X.scales` / `X.biases` (a quantized module's extra tensors) -> `X.weight`, so key maps
+    written for full-precision parameter names accept quantized files too."""
+    for suffix in (".scales", ".biases"):
+        if key.endswith(suffix):
+            return key[: -len(suffix)] + ".weight"
+    return key
+
+
 def is_quantized(module: nn.Module) -> bool:
     return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
 
@@ -120,6 +129,22 @@ def infer_quantization(weights: Mapping[str, mx.array], path: str,
         raise CheckpointError(f"{path}: {bits}-bit group-{group} {mode} quantization is not "
                               "supported by mlx")
     return {"group_size": group, "bits": bits, "mode": mode}
+
+
+def declared(config) -> dict | None:
+    """The {bits, group_size, mode} a config (dict or config.json path) declares under
+    `quantization` / `quantization_config`; None when absent or set per layer."""
+    if not isinstance(config, Mapping):
+        from ..hub import read_json
+
+        config = read_json(config) if config.exists() else {}
+    q = config.get("quantization") or config.get("quantization_config")
+    if not isinstance(q, Mapping) or "bits" not in q:
+        return None
+    if any(isinstance(v, (Mapping, bool)) for v in q.values()):  # per-layer settings
+        return None
+    return {"bits": q["bits"], "group_size": q.get("group_size", 64),
+            "mode": q.get("mode", "affine")}
 
 
 def quantize_from_weights(model: nn.Module, weights: Mapping[str, mx.array],

@@ -11,7 +11,8 @@ from mlx.utils import tree_flatten
 
 from ...converted import is_converted
 from ...errors import CheckpointError
-from ...hub import load_safetensors, mistral_or_hf_layout
+from ...hub import load_safetensors, mistral_or_hf_layout, read_json
+from ...nn import quant
 from ...text.tekken import Tekken
 from ..asr import Transcript, Word, load_strict, transcribe_with
 from .config import VoxtralRealtimeConfig
@@ -19,7 +20,8 @@ from .model import Model
 from .session import Session
 from .weights import remap
 
-__all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "load", "weight_patterns"]
+__all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "keep_high_precision", "load",
+           "weight_patterns"]
 
 MISTRAL_FILES = ["params.json", "consolidated*.safetensors", "tekken.json"]
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json", "tekken.json"]
@@ -56,12 +58,55 @@ class VoxtralRealtime:
 
 
 def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
+    """Mistral-native (params.json), transformers, mlx-audio or voxmlx (config.json)."""
+    cfg = folder / "config.json"
+    if not (folder / "params.json").exists() and cfg.exists():
+        c = read_json(cfg)
+        if "multimodal" in c:  # voxmlx: params.json saved as config.json (+ quantization)
+            config = VoxtralRealtimeConfig.from_params(c)
+        elif "encoder_args" in c or "decoder" in c:
+            config = VoxtralRealtimeConfig.from_mlx_audio(c)
+        else:
+            return mistral_or_hf_layout(folder, "voxtral_realtime",
+                                        VoxtralRealtimeConfig.from_params,
+                                        VoxtralRealtimeConfig.from_hf)
+        files = sorted(folder.glob("model*.safetensors"))
+        if not files:
+            raise CheckpointError(f"no safetensors weights in {folder}")
+        return config, files
     return mistral_or_hf_layout(folder, "voxtral_realtime",
                                 VoxtralRealtimeConfig.from_params, VoxtralRealtimeConfig.from_hf)
 
 
-def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:
-    """Load either layout strictly (every key mapped, none missing), lazily."""
+def _weights_layout(keys, layout: str) -> str:
+    """MLX exports are told apart by their key names (the config may be either kind)."""
+    for k in keys:
+        if k.startswith(("decoder.layers.", "encoder.transformer_layers.")):
+            return "mlx_audio"
+        if k.startswith(("language_model.layers.", "adapter.w_in.")):
+            return "voxmlx"
+    return layout
+
+
+def keep_high_precision(path: str, module) -> bool:
+    """What on-the-fly quantization leaves in full precision (besides norms and the conv stem,
+    which are not Linear layers, and widths not divisible by the group).
+
+    The ada-norm MLP (dim -> 32 -> dim) runs once per session to give constant FFN scales, so
+    quantizing it saves no time per step and only adds error. Everything else, including the
+    tied embedding / LM head (the largest read per decoded token) and the adapter, is
+    quantized, as mlx-audio's current converter does (see README, "Quantized models").
+    """
+    return ".ada_rms_norm_t_cond." in path
+
+
+def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
+         group_size: int = 64) -> VoxtralRealtime:
+    """Load any layout strictly (every key mapped, none missing), lazily.
+
+    Quantized files (mlx-audio, voxmlx) load as they are; `quantize` (4, 6 or 8 bits, group
+    `group_size`) quantizes a full-precision checkpoint on the fly.
+    """
     folder = Path(folder)
     config, files = _read_config(folder)
     tek = folder / "tekken.json"
@@ -69,14 +114,17 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None) -> VoxtralRealtime:
         raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
     tokenizer = Tekken.from_file(tek)
     config.apply_tekken_audio(tokenizer.audio)
+    raw = load_safetensors(files)
+    config.layout = _weights_layout(raw, config.layout)
     model = Model(config)
     expected = {k for k, _ in tree_flatten(model.parameters())}
-    weights = load_safetensors(files)
-    if not is_converted(files):  # converted folders are already in our names
+    converted = is_converted(files)  # already in our names, dtypes and quantization
+    weights = raw
+    if not converted:
         try:
-            weights = remap(weights, config, expected)
+            weights = remap(raw, config, expected)
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder}: {e}") from None
-    load_strict(model, weights, folder, dtype)
+    load_strict(model, weights, folder, dtype, quantize, group_size, keep_high_precision,
+                None if converted else quant.declared(folder / "config.json"))
     return VoxtralRealtime(model, tokenizer, config)
-

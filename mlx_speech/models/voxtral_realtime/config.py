@@ -125,6 +125,33 @@ class VoxtralRealtimeConfig:
         )
         return cls(enc, dec, audio, "hf")
 
+    @classmethod
+    def from_mlx_audio(cls, c: dict) -> VoxtralRealtimeConfig:
+        """mlx-audio's config.json (`encoder_args`, `decoder`, `audio_encoding_args`); missing
+        sections take mlx-audio's defaults (the 4B model), as its ModelConfig does."""
+        e = dict(c.get("encoder_args") or {})
+        ae = dict(c.get("audio_encoding_args") or e.pop("audio_encoding_args", None) or {})
+        d = c.get("decoder") or {}
+        E, D = EncoderConfig(), DecoderConfig()
+        enc = EncoderConfig(
+            dim=e.get("dim", E.dim), n_layers=e.get("n_layers", E.n_layers),
+            n_heads=e.get("n_heads", E.n_heads), head_dim=e.get("head_dim", E.head_dim),
+            hidden_dim=e.get("hidden_dim", E.hidden_dim),
+            rope_theta=e.get("rope_theta", E.rope_theta), norm_eps=e.get("norm_eps", 1e-5),
+            sliding_window=e.get("sliding_window", E.sliding_window),
+            n_mels=ae.get("num_mel_bins", 128))
+        dec = DecoderConfig(**{k: d[k] for k in (
+            "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "rope_theta",
+            "norm_eps", "vocab_size", "sliding_window") if k in d},
+            ada_dim=d.get("ada_rms_norm_t_cond_dim", D.ada_dim))
+        audio = AudioConfig(
+            sample_rate=ae.get("sampling_rate", SAMPLE_RATE), hop=ae.get("hop_length", HOP),
+            n_fft=ae.get("window_size", N_FFT), n_mels=enc.n_mels,
+            log_mel_max=ae.get("global_log_mel_max", 1.5),
+            downsample=e.get("downsample_factor", 4),
+            delay_ms=c.get("transcription_delay_ms", 480))
+        return cls(enc, dec, audio, "mlx_audio")
+
     def apply_tekken_audio(self, audio: dict) -> None:
         """tekken.json's `audio` section carries the streaming settings."""
         if not audio:

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from ...nn.quant import dense_weight
 from ...nn.transformer import Block as _Block
 from .config import EncoderConfig, VoxtralRealtimeConfig
 
@@ -127,7 +128,7 @@ class Model(nn.Module):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.tok_embeddings.weight.dtype
+        return self.norm.weight.dtype  # the embedding may be quantized
 
     def make_encoder_state(self, max_chunk_frames: int) -> EncoderState:
         e = self.config.encoder
@@ -145,8 +146,8 @@ class Model(nn.Module):
         out = []
         for layer in self.layers:
             down, _, up = layer.ada_rms_norm_t_cond
-            h = nn.gelu(t[None] @ down.weight.astype(mx.float32).T)
-            s = h @ up.weight.astype(mx.float32).T
+            h = nn.gelu(t[None] @ dense_weight(down).astype(mx.float32).T)
+            s = h @ dense_weight(up).astype(mx.float32).T
             out.append((1.0 + s).astype(self.dtype))
         return out
 
