@@ -78,10 +78,15 @@ def _plan_nemotron(plan: _Plan, src: Path, loaded) -> None:
 def _plan_moshi(plan: _Plan, folder: Path, loaded) -> None:
     from mlx_speech.hub import read_json
     from mlx_speech.models.moshi import CheckpointFiles
+    from mlx_speech.models.moshi.config import PERSONAPLEX_MLX_FILES
     from mlx_speech.models.moshi.personaplex import list_voices, voice_dir
 
     cfg = folder / "config.json"
-    src = CheckpointFiles.from_config(read_json(cfg) if cfg.exists() else None)
+    raw = read_json(cfg) if cfg.exists() else None
+    if raw is not None and raw.get("model_type") == "personaplex":  # community MLX layout
+        src = CheckpointFiles(tokenizer_name=PERSONAPLEX_MLX_FILES["tokenizer"])
+    else:
+        src = CheckpointFiles.from_config(raw)
     lm = {k: v for k, v in asdict(loaded.config).items() if k != "extra"}
     config = {**lm, "model_type": "moshi", "moshi_name": "model.safetensors",
               "mimi_name": "mimi.safetensors", "tokenizer_name": src.tokenizer_name}
@@ -99,7 +104,8 @@ def _plan_moshi(plan: _Plan, folder: Path, loaded) -> None:
 
 
 PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
-         "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi}
+         "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi,
+         "personaplex": _plan_moshi}  # the community PersonaPlex MLX layout -> moshi
 
 
 def _quant_summary(module) -> tuple[dict | None, dict]:
@@ -190,6 +196,7 @@ def convert_model(src: str | Path, out: str | Path, *, quantize: int | None = No
     kind, path, loaded = load_source(src, quantize, group_size, dtype)
     plan = _Plan()
     PLANS[kind](plan, path, loaded)
+    kind = "moshi" if kind == "personaplex" else kind  # written in the Kyutai form
     weights = {part: dict(tree_flatten(m.parameters())) for part, (_, m) in plan.parts.items()}
     main = "lm" if "lm" in plan.parts else "model"
     quant, overrides = _quant_summary(plan.parts[main][1])

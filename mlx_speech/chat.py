@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cliutil import log, run_cli
+from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 
 DEFAULT_DUPLEX_MODEL = "kyutai/moshiko-pytorch-bf16"
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-lag", type=int, choices=(0, 1),
                    help="frames between the user's audio and the step that consumes it "
                         "(default: the model family's reference behaviour)")
+    add_quantize_args(p)
     p.add_argument("--list-voices", action="store_true", help="list the checkpoint's voices")
     return p
 
@@ -163,7 +164,7 @@ def _run(args) -> None:
         raise MlxSpeechError(f"audio file not found: {args.input}")
     import mlx_speech
 
-    model = mlx_speech.load(args.model)
+    model = mlx_speech.load(args.model, **quantize_kwargs(args))
     if not hasattr(model, "session") or not hasattr(model, "frame_size"):
         raise MlxSpeechError(f"{args.model} is not a full-duplex (Moshi/PersonaPlex) model")
     if args.list_voices:

@@ -28,3 +28,19 @@ def run_cli(run: Callable[[object], None], args) -> int:
         log("interrupted")
         return 130
     return 0
+
+
+def add_quantize_args(p) -> None:
+    """`--quantize N` / `--group-size G`: quantize a full-precision checkpoint on load."""
+    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), metavar="BITS",
+                   help="quantize the weights on load to 4, 6 or 8 bits (2, 3, 5 also work); "
+                        "already quantized checkpoints load as they are")
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128),
+                   help="quantization group size (default 64)")
+
+
+def quantize_kwargs(args) -> dict:
+    """The `mlx_speech.load` keyword arguments for `add_quantize_args`' options."""
+    if args.quantize is None:
+        return {}
+    return {"quantize": args.quantize, "group_size": args.group_size}

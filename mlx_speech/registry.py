@@ -9,6 +9,7 @@ MODELS = {
     "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming",
     "voxtral_tts": "mlx_speech.models.voxtral_tts",
     "moshi": "mlx_speech.models.moshi",
+    "personaplex": "mlx_speech.models.moshi",  # the community MLX layout's config.json
 }
 ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints
 

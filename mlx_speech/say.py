@@ -16,7 +16,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from .cliutil import log, run_cli
+from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 
 DEFAULT_TTS_MODEL = "mistralai/Voxtral-4B-TTS-2603"
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute dtype (default: the checkpoint's)")
     p.add_argument("--device", help="audio output device (name or index) for playback")
     p.add_argument("--list-voices", action="store_true", help="print the model's voices and exit")
+    add_quantize_args(p)
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
@@ -172,7 +173,8 @@ def _run(args) -> None:
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
     log(f"loading {args.model}")
-    model = mlx_speech.load(args.model, **({"dtype": args.dtype} if args.dtype else {}))
+    model = mlx_speech.load(args.model, **({"dtype": args.dtype} if args.dtype else {}),
+                            **quantize_kwargs(args))
     if not hasattr(model, "stream") or not hasattr(model, "voices"):
         raise MlxSpeechError(f"{args.model} is not a text-to-speech model")
     if args.list_voices:

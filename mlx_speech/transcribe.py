@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL
-from .cliutil import log, run_cli
+from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
+    add_quantize_args(p)
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
@@ -149,7 +150,7 @@ def _run(args) -> None:
     import mlx_speech
 
     log(f"loading {args.model}")
-    model = mlx_speech.load(args.model)
+    model = mlx_speech.load(args.model, **quantize_kwargs(args))
     if args.live:
         live(model, args)
         return

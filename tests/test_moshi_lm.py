@@ -99,10 +99,7 @@ def test_minus_one_is_a_zero_vector(lm):
 
 
 def test_minus_one_survives_quantisation():
-    from mlx_speech.models.moshi import quantize_lm
-
-    lm = build_lm(_cfg(), _weights())
-    quantize_lm(lm, 4)
+    lm = build_lm(_cfg(), _weights(), quantize=4, group_size=32)
     assert type(lm.text_emb).__name__ == "QuantizedEmbedding"
     tok = mx.array([[[-1], [5], [-1], [-1], [-1]]], dtype=mx.int32)
     only = mx.array([[[5]]])

@@ -25,11 +25,12 @@ def _params(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.parameters()))
 
 
-def _assert_same_tensors(a, b) -> None:
+def _assert_same_tensors(a, b, any_dtype: str = "") -> None:
+    """Same names, dtypes and values (`any_dtype`: a name part whose dtype may differ)."""
     pa, pb = _params(a), _params(b)
     assert sorted(pa) == sorted(pb)
     for k in pa:
-        assert pa[k].dtype == pb[k].dtype, k
+        assert pa[k].dtype == pb[k].dtype or (any_dtype and any_dtype in k), k
         assert mx.array_equal(pa[k], pb[k]).item(), k
 
 
@@ -142,3 +143,400 @@ def test_bad_quantize_settings_are_one_line_errors(tmp_path):
         with pytest.raises(MlxSpeechError) as e:
             mlx_speech.load(src, **kw)
         assert "\n" not in str(e.value)
+
+
+# -- Moshi: Kyutai's moshi_mlx files (model.safetensors / model.q4 / model.q8) --------------
+MOSHI = Q / "moshi"
+MOSHI_FILES = ["model.safetensors", "model.q4.safetensors", "model.q8.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def moshi_gold():
+    return dict(np.load(MOSHI / "golden.npz"))
+
+
+def moshi_folder(tmp_path: Path, name: str) -> Path:
+    from tests.moshi_helpers import write_folder
+
+    kw = json.loads((MOSHI / "lm_config.json").read_text())
+    return write_folder(tmp_path / name, kw, MOSHI / name, names={"moshi_name": name})
+
+
+def moshi_run(lm, text, audio):
+    """Step the LM over fixed inputs; greedy text and depformer tokens, text logits."""
+    state = lm.make_state(1)
+    logits, text_out, audio_out = [], [], []
+    for t in range(len(text)):
+        tok = mx.array([[text[t]] + [a[t] for a in audio]], dtype=mx.int32)[..., None]
+        z, lg = lm.forward_tokens(tok, state)
+        prev = mx.argmax(lg[:, -1], axis=-1)
+        logits.append(np.array(lg[0, -1].astype(mx.float32)))
+        text_out.append(int(prev.item()))
+        state.dep.reset()
+        row = []
+        for k in range(lm.config.dep_q):
+            prev = mx.argmax(lm.depformer_logits(k, prev, z, state.dep), axis=-1)
+            row.append(int(prev.item()))
+        audio_out.append(row)
+    return np.stack(logits), text_out, audio_out
+
+
+@pytest.mark.parametrize("name", MOSHI_FILES)
+def test_moshi_mlx_files_match_moshi_mlx(name, moshi_gold, tmp_path):
+    d = mlx_speech.load(moshi_folder(tmp_path, name))
+    assert isinstance(d.lm.text_emb, nn.QuantizedEmbedding) == (name != "model.safetensors")
+    assert type(d.mimi.quantizer).__name__ == "SplitResidualVQ"  # Mimi is never quantized
+    logits, text, audio = moshi_run(d.lm, moshi_gold["text_in"].tolist(),
+                                    moshi_gold["audio_in"].tolist())
+    assert text == moshi_gold[f"{name}/text_tokens"].tolist()
+    assert audio == moshi_gold[f"{name}/audio_tokens"].tolist()
+    np.testing.assert_allclose(logits, moshi_gold[f"{name}/text_logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64)])
+def test_moshi_on_the_fly_equals_kyutai_file(bits, group, moshi_gold, tmp_path):
+    ours = mlx_speech.load(moshi_folder(tmp_path, "model.safetensors"), quantize=bits,
+                           group_size=group)
+    theirs = mlx_speech.load(moshi_folder(tmp_path, f"model.q{bits}.safetensors"))
+    _assert_same_tensors(ours.lm, theirs.lm)
+    args = moshi_gold["text_in"].tolist(), moshi_gold["audio_in"].tolist()
+    a, b = moshi_run(ours.lm, *args), moshi_run(theirs.lm, *args)
+    assert a[1:] == b[1:] and np.array_equal(a[0], b[0])
+
+
+def test_moshi_minus_one_is_zero_when_quantized(tmp_path):
+    d = mlx_speech.load(moshi_folder(tmp_path, "model.q4.safetensors"))
+    tok = mx.full((1, 1 + d.lm.config.n_q, 1), -1, dtype=mx.int32)
+    assert not mx.any(d.lm.embed_tokens(tok)).item()
+
+
+def test_kyutai_file_name_bits_must_match_the_tensors(tmp_path):
+    folder = moshi_folder(tmp_path, "model.q4.safetensors")
+    (folder / "model.q4.safetensors").rename(folder / "model.q8.safetensors")
+    shutil.copy(MOSHI / "model.q4.safetensors", folder / "model.q8.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"moshi_name": "model.q8.safetensors"}))
+    with pytest.raises(CheckpointError, match=r"model\.q8\.safetensors: .*is 4-bit group 32.*"
+                                              r"says 8-bit group 64") as e:
+        mlx_speech.load(folder)
+    assert "\n" not in str(e.value)
+
+
+# -- Voxtral TTS: mlx-audio / mlx-community layout ----------------------------------------
+TTS = Q / "voxtral_tts"
+TTS_CKPT = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def tts_gold():
+    return dict(np.load(TTS / "golden.npz"))
+
+
+def tts_folder(tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    shutil.copytree(TTS / name, d)
+    shutil.copytree(TTS_CKPT / "voice_embedding", d / "voice_embedding")
+    shutil.copy(TTS_CKPT / "tekken.json", d)
+    return d
+
+
+@pytest.mark.parametrize("name", ["mlx_4bit", "mlx_6bit"])
+def test_voxtral_tts_mlx_community_layout_matches_mlx_audio(name, tts_gold, tmp_path):
+    tts = mlx_speech.load(tts_folder(tmp_path, name), alibi="mlxa")
+    m = tts.model
+    assert isinstance(m.tok_embeddings, nn.QuantizedEmbedding)
+    assert type(m.audio_codebook_embeddings.embeddings) is nn.Embedding
+    assert type(m.acoustic_transformer.input_projection) is nn.Linear  # width 4: kept
+    voice, text = str(tts_gold["voice"]), str(tts_gold["text"])
+    ids = tts.prompt_ids(text, 5)
+    assert ids == tts_gold["ids"].tolist()
+    h = m.hidden(m.embed_prompt(ids, tts._voices[voice], tts.ids["audio"]))[0, -1]
+    np.testing.assert_allclose(np.array(h), tts_gold[f"{name}/h0"], atol=1e-5)
+    want = tts_gold[f"{name}/codes"]
+    args = dict(text=text, voice=voice, max_frames=len(want), seed=int(tts_gold["seed"]))
+    np.testing.assert_array_equal(tts.codes(**args), want)
+    wav = tts.generate(**args).samples
+    np.testing.assert_allclose(wav, tts_gold[f"{name}/wav"], atol=1e-4)
+
+
+def test_voxtral_tts_on_the_fly_equals_mlx_audio_file(tmp_path):
+    from mlx_speech.models import voxtral_tts as vt
+
+    ours = vt.load(TTS_CKPT, dtype=mx.float32, quantize=4, group_size=64)
+    theirs = vt.load(tts_folder(tmp_path, "mlx_4bit"))
+    # the codec's semantic codebook stays as stored (fp16 in the Mistral folder)
+    _assert_same_tensors(ours.model, theirs.model, any_dtype=".quantizer.")
+    args = dict(text="Hi there.", voice="neutral_female", max_frames=4, seed=1)
+    np.testing.assert_array_equal(ours.codes(**args), theirs.codes(**args))
+
+
+# -- Nemotron: NeMo-named MLX layout (mlx-audio's nemotron_asr export) -------------------------
+NEMO = Q / "nemotron"
+NEMO_SRC = Path(__file__).parent / "golden" / "nemotron"
+
+
+@pytest.mark.parametrize("name", ["fp32", "q8", "q4"])
+def test_nemotron_nemo_mlx_layout_matches_mlx_audio(name):
+    asr = mlx_speech.load(NEMO / name)
+    assert isinstance(asr.model.encoder_projector, nn.QuantizedLinear) == (name != "fp32")
+    audio = np.load(NEMO_SRC / "golden.npz")["audio"]
+    tokens = asr.transcribe(audio).token_ids
+    want = np.load(NEMO / "golden.npz")[f"{name}/tokens"].tolist()
+    assert [t for t in tokens if t != 0] == want  # mlx-audio leaves <unk> (0) out
+
+
+def _fold_lstm_biases(model) -> None:
+    """The MLX export stores bias_ih + bias_hh as one vector: compare in that form."""
+    lstm = model.decoder.lstm
+    for i in range(model.config.num_decoder_layers):
+        b = getattr(lstm, f"bias_ih_l{i}") + getattr(lstm, f"bias_hh_l{i}")
+        setattr(lstm, f"bias_ih_l{i}", b)
+        setattr(lstm, f"bias_hh_l{i}", mx.zeros_like(b))
+
+
+def test_nemotron_nemo_mlx_layout_gives_the_same_tensors():
+    ref = mlx_speech.load(NEMO_SRC).model
+    _fold_lstm_biases(ref)
+    _assert_same_tensors(mlx_speech.load(NEMO / "fp32").model, ref)
+    on_the_fly = mlx_speech.load(NEMO_SRC, quantize=8, group_size=32).model
+    _fold_lstm_biases(on_the_fly)
+    _assert_same_tensors(mlx_speech.load(NEMO / "q8").model, on_the_fly)
+
+
+# -- command lines ------------------------------------------------------------------------
+def test_transcribe_quantize_flag_runs(tmp_path, capsys):
+    import soundfile as sf
+
+    from mlx_speech import transcribe
+    from tests.conftest import speechlike
+
+    src = tmp_path / "fp32"
+    shutil.copytree(VR / "fp32", src)
+    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    wav = tmp_path / "a.wav"
+    sf.write(wav, speechlike(1.5), 16000)
+    want = mlx_speech.load(src, quantize=4, group_size=32).transcribe(str(wav)).text
+    assert transcribe.main([str(wav), "--model", str(src), "--quantize", "4",
+                            "--group-size", "32"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    with pytest.raises(SystemExit):
+        transcribe.main([str(wav), "--model", str(src), "--quantize", "7"])
+
+
+@pytest.mark.parametrize("cli", ["transcribe", "say", "chat"])
+def test_clis_pass_quantize_to_load(cli, monkeypatch, capsys, tmp_path):
+    import importlib
+
+    seen = {}
+
+    def fake_load(path, **kw):
+        seen.update(kw)
+        raise MlxSpeechError("stop here")
+
+    monkeypatch.setattr(mlx_speech, "load", fake_load)
+    mod = importlib.import_module(f"mlx_speech.{cli}")
+    first = {"say": ["hi", "-o", str(tmp_path / "x.wav")], "chat": [],
+             "transcribe": [str(VR / "fp32" / "params.json")]}
+    argv = first[cli] + ["--model", "x", "--quantize", "8", "--group-size", "128"]
+    assert mod.main(argv) == 1
+    assert seen == {"quantize": 8, "group_size": 128}
+    assert "stop here" in capsys.readouterr().err
+
+
+# -- PersonaPlex: the community MLX layout (split files, flat in_proj_* quantization) ------------
+# Written here by its key scheme (no reference implementation runs in Python): temporal /
+# depformer files hold their part without the `transformer.` / `depformer.` prefix, the
+# attention, FFN and (flat) fused in_proj weights whose width divides by the group are
+# quantized with min/max affine scales (fp16 scales and biases), everything stored as fp16.
+PP_KW = dict(dim=64, num_heads=4, num_layers=1, n_q=16, dep_q=16, card=64, context=40,
+             depformer_dim=64, depformer_num_heads=4, depformer_num_layers=1,
+             depformer_dim_feedforward=192, delays=[0, 0] + [1] * 7 + [0] + [1] * 7)
+_PP_LINEARS = {"in_proj", "out_proj", "linear_in", "linear_out"}
+
+
+def pp_quantize(w: np.ndarray, bits: int, group: int):
+    rows, cols = w.shape
+    g = w.astype(np.float32).reshape(rows, cols // group, group)
+    lo, hi = g.min(-1), g.max(-1)
+    n = 2**bits - 1
+    scales = np.maximum((hi - lo) / n, 1e-10).astype(np.float16)
+    biases = lo.astype(np.float16)
+    s32, b32 = scales.astype(np.float32)[..., None], biases.astype(np.float32)[..., None]
+    q = np.clip(np.round((g - b32) / s32), 0, n).astype(np.uint32)
+    deq = (q * s32 + b32).reshape(rows, cols).astype(np.float16)
+    q = q.reshape(rows, cols)
+    per = 32 // bits
+    packed = np.zeros((rows, cols // per), np.uint32)
+    for i in range(per):
+        packed |= q[:, i::per] << np.uint32(bits * i)
+    return packed, scales, biases, deq
+
+
+def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
+    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict."""
+    from safetensors.numpy import save_file
+
+    from tests.moshi_helpers import random_lm_kwargs, write_folder
+
+    parts: dict[str, dict] = {"temporal": {}, "depformer": {}, "embeddings": {}}
+    deq = {}
+    for key, w in kyutai.items():
+        if key.startswith(("transformer.", "out_norm.")):
+            part, name = "temporal", key.removeprefix("transformer.")
+        elif key.startswith(("depformer.", "depformer_in.")):
+            part, name = "depformer", key.removeprefix("depformer.")
+        else:
+            part, name = "embeddings", key
+        w16 = w.astype(np.float16)
+        layer = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        flat = name.endswith(".in_proj_weight")
+        if (part != "embeddings" and w.ndim == 2 and w.shape[1] % group == 0
+                and (flat or layer in _PP_LINEARS)):
+            packed, scales, biases, d = pp_quantize(w, bits, group)
+            stem = name[: -len("weight")] if flat else name[: -len(".weight")] + "."
+            parts[part] |= {stem + "weight": packed, stem + "scales": scales,
+                            stem + "biases": biases}
+            deq[key] = d
+        else:
+            parts[part][name] = w16
+            deq[key] = w16
+    kw = random_lm_kwargs(**PP_KW)
+    ref = write_folder(dest.parent / (dest.name + "_ref"), kw, deq)
+    dest.mkdir(parents=True)
+    for part, tensors in parts.items():
+        save_file(tensors, str(dest / f"{part}.safetensors"))
+    shutil.copy(ref / "codec.safetensors", dest / "mimi.safetensors")
+    shutil.copy(ref / "tok.model", dest / "tokenizer_spm_32k_3.model")
+    (dest / "voices").mkdir()
+    config = {
+        "model_type": "personaplex", "version": "personaplex-7b-v1",
+        "temporal": {"dim": 64, "num_layers": 1, "num_heads": 4, "hidden_scale": 4.125,
+                     "n_q": 8, "card": 64, "text_card": 50, "context": 40, "max_period": 10000},
+        "depformer": {"dim": 64, "num_layers": 1, "num_heads": 4, "dim_feedforward": 192,
+                      "num_steps": 16, "card": 64, "text_card": 50, "context": 8,
+                      "weights_per_step": True, "multi_linear": True},
+        "delays": PP_KW["delays"],
+        "quantization": {"bits": bits, "group_size": group,
+                         "quantized_components": ["temporal", "depformer"]},
+        "voices": [],
+    }
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest, ref
+
+
+@pytest.fixture
+def tiny_mimi_config(monkeypatch):
+    """The community layout's Mimi is the 7B's (config fixed); ours is the tiny golden one."""
+    import functools
+
+    from mlx_speech.models import mimi as mimi_pkg
+    from tests.moshi_helpers import GOLDEN
+
+    cfg = json.loads((GOLDEN / "mimi24k_config.json").read_text())
+    cfg["quantizer"]["bins"] = PP_KW["card"]
+    monkeypatch.setattr(mimi_pkg, "load", functools.partial(mimi_pkg.load, config=cfg))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, tmp_path,
+                                                               tiny_mimi_config):
+    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
+
+    kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
+    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64)
+    d = mlx_speech.load(folder)
+    assert d.family == "personaplex" and d.config.dep_q == 16
+    at = d.lm.transformer.layers[0]
+    assert isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    assert type(at.gating.linear_out) is nn.Linear  # width 176: not quantized in the file
+    assert isinstance(d.lm.depformer.layers[0].self_attn.in_projs[15], nn.QuantizedLinear)
+    assert type(d.lm.text_emb) is nn.Embedding and type(d.lm.linears[0]) is nn.Linear
+    r = mlx_speech.load(ref)
+    rng = np.random.default_rng(2)
+    text, audio = rng.integers(0, 50, 6).tolist(), rng.integers(0, 64, (16, 6)).tolist()
+    (l1, t1, a1), (l2, t2, a2) = moshi_run(d.lm, text, audio), moshi_run(r.lm, text, audio)
+    assert (t1, a1) == (t2, a2)
+    np.testing.assert_allclose(l1, l2, atol=2e-3, rtol=0)
+
+
+def test_personaplex_mlx_layout_missing_file(tmp_path):
+    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
+
+    kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
+    folder, _ = write_personaplex_mlx(tmp_path / "pp", kyutai, 4, 64)
+    (folder / "depformer.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"no depformer file \(depformer\.safetensors\)"):
+        mlx_speech.load(folder)
+
+
+def test_scales_on_a_module_that_cannot_be_quantized(tmp_path):
+    folder = vr_folder(tmp_path, "mlx_audio_4bit")
+    f = folder / "model.safetensors"
+    w = dict(mx.load(str(f)))
+    w["encoder.conv_layers_0_conv.conv.scales"] = mx.zeros((64, 1))
+    mx.save_safetensors(str(f), w)
+    with pytest.raises(CheckpointError, match=r"conv_layers\.0\.conv\.scales: Conv1d") as e:
+        mlx_speech.load(folder)
+    assert "\n" not in str(e.value)
+
+
+# -- live re-checks: the producers still give the committed goldens ---------------------------
+GEN = Path(__file__).parent / "golden"
+
+
+def _regenerate(script: str, out: Path, extra_path: str = "") -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, root, env.get("PYTHONPATH"))
+                                        if p)
+    r = subprocess.run([sys.executable, str(GEN / script), str(out)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return dict(np.load(out / "golden.npz"))
+
+
+def _same_goldens(fresh: dict, committed: dict) -> None:
+    assert sorted(fresh) == sorted(committed)
+    for k, v in committed.items():
+        if v.dtype.kind in "iu":
+            np.testing.assert_array_equal(fresh[k], v, err_msg=k)
+        elif v.dtype.kind == "f":
+            np.testing.assert_allclose(fresh[k], v, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.reference
+def test_live_voxtral_realtime_producers(tmp_path):
+    pytest.importorskip("mlx_audio.stt.models.voxtral_realtime")
+    import importlib.util
+    import os
+
+    site = os.environ.get("VOXMLX_PATH", "/tmp/quant-site")
+    if importlib.util.find_spec("voxmlx") is None and not (Path(site) / "voxmlx").is_dir():
+        pytest.skip("voxmlx not installed (pip install --target DIR voxmlx==0.0.2)")
+    _same_goldens(_regenerate("make_quantized_voxtral_realtime.py", tmp_path, site),
+                  dict(np.load(VR / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_moshi_mlx(tmp_path):
+    pytest.importorskip("moshi_mlx")
+    _same_goldens(_regenerate("make_quantized_moshi.py", tmp_path),
+                  dict(np.load(MOSHI / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_voxtral_tts_mlx_audio(tmp_path):
+    pytest.importorskip("mlx_audio.tts.models.voxtral_tts")
+    _same_goldens(_regenerate("make_quantized_voxtral_tts.py", tmp_path),
+                  dict(np.load(TTS / "golden.npz")))
+
+
+@pytest.mark.reference
+def test_live_nemotron_mlx_audio(tmp_path):
+    pytest.importorskip("mlx_audio.stt.models.nemotron_asr")
+    _same_goldens(_regenerate("make_quantized_nemotron.py", tmp_path),
+                  dict(np.load(NEMO / "golden.npz")))

@@ -134,6 +134,8 @@ def infer_quantization(weights: Mapping[str, mx.array], path: str,
 def declared(config) -> dict | None:
     """The {bits, group_size, mode} a config (dict or config.json path) declares under
     `quantization` / `quantization_config`; None when absent or set per layer."""
+    if config is None:
+        return None
     if not isinstance(config, Mapping):
         from ..hub import read_json
 

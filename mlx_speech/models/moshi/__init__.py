@@ -15,23 +15,37 @@ audio streams), whatever its config.json says, as NVIDIA's loader does.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
+from ...nn import quant
 from ..asr import load_strict
-from .config import CheckpointFiles, GenConfig, LmConfig
+from .config import (
+    PERSONAPLEX_MLX_FILES,
+    CheckpointFiles,
+    GenConfig,
+    LmConfig,
+    personaplex_mlx_kwargs,
+)
 from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut, sample_token
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
 from .tokenizer import TextTokenizer
-from .weights import depformer_steps, gated_hidden, remap
+from .weights import (
+    depformer_steps,
+    from_moshi_mlx,
+    gated_hidden,
+    is_moshi_mlx,
+    personaplex_mlx_weights,
+    remap,
+)
 
 __all__ = ["DEFAULT_USER_LAG", "LM", "CheckpointFiles", "DuplexSession", "GenConfig",
            "KyutaiGen", "LmConfig", "LmState", "Moshi", "PersonaPlexGen", "Sampling", "StepOut",
@@ -43,8 +57,13 @@ DEFAULT_VOICE = "NATF0"  # PersonaPlex's web UI default
 def weight_patterns(folder: Path) -> list[str]:
     """The files a (Kyutai or PersonaPlex) repo's config names, plus PersonaPlex's voices."""
     cfg = Path(folder) / "config.json"
-    files = CheckpointFiles.from_config(read_json(cfg) if cfg.exists() else None)
+    raw = read_json(cfg) if cfg.exists() else None
+    if raw is not None and raw.get("model_type") == "personaplex":
+        return [*PERSONAPLEX_MLX_FILES.values(), "voices/*", "voices.tgz"]
+    files = CheckpointFiles.from_config(raw)
     out = [files.moshi_name, files.mimi_name, files.tokenizer_name, "voices.tgz"]
+    if not files.has_config:
+        out += KYUTAI_MLX_NAMES  # moshiko-mlx-q4 / -q8 (whichever the repo has)
     if files.mimi_config_name:
         out.append(files.mimi_config_name)
     return out
@@ -52,9 +71,13 @@ def weight_patterns(folder: Path) -> list[str]:
 
 def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
              dtype: mx.Dtype | None = None, quantize: int | None = None,
+             group_size: int = 64, expect: dict | None = None,
              converted: bool = False) -> LM:
-    """An LM from Kyutai/PersonaPlex-named tensors (`converted`: already in our names):
-    strict, lazy (memory-mapped) loading."""
+    """An LM from Kyutai/PersonaPlex- or moshi_mlx-named tensors (quantized or not): strict,
+    lazy (memory-mapped) loading; `quantize` bits (group `group_size`) quantizes on the fly.
+    `converted`: tensors already in our names (mlx_speech.convert's layout)."""
+    if not converted and is_moshi_mlx(weights):
+        weights = from_moshi_mlx(weights, rms=config.norm.startswith("rms"))
     n = depformer_steps(weights)
     if n != config.dep_q:
         if n == config.n_q and config.n_q % 2 == 0:
@@ -63,24 +86,17 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
             raise CheckpointError(f"{where}: config says dep_q={config.dep_q} but the weights "
                                   f"have {n} depformer heads")
     lm = LM(config, *gated_hidden(weights))
-    load_strict(lm, weights if converted else remap(weights, lm), where, dtype)
-    if quantize is not None:
-        quantize_lm(lm, quantize)
+    load_strict(lm, weights if converted else remap(weights, lm), where, dtype, quantize,
+                group_size, keep_high_precision, None if converted else expect)
     return lm
 
 
-def quantize_lm(lm: LM, bits: int) -> None:
-    """moshi_mlx's on-the-fly quantisation: 4 bit / group 32 or 8 bit / group 64 for every Linear
-    and Embedding whose width allows it. The -1 -> zero rule lives outside the modules."""
-    if bits not in (4, 8):
-        raise MlxSpeechError(f"quantize must be 4 or 8 bits, got {bits}")
-    group = 32 if bits == 4 else 64
-
-    def ok(_, m) -> bool:
-        return isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % group == 0
-
-    nn.quantize(lm, group_size=group, bits=bits, class_predicate=ok)
-    mx.eval(lm.parameters())
+def keep_high_precision(path: str, module) -> bool:
+    """Nothing beyond what cannot be quantized: Kyutai's own q4/q8 releases quantize every
+    Linear and Embedding of the LM (heads and embeddings too), and `load(bf16, quantize=B,
+    group_size=G)` gives exactly their tensors. Mimi (a separate module) always stays in float32;
+    norms are not Linear layers; the -1 -> zero rule lives outside the embedding modules."""
+    return False
 
 
 class Moshi:
@@ -159,20 +175,43 @@ class Moshi:
         return out[: user_audio.shape[0]], "".join(text)
 
 
+# Kyutai's moshi_mlx releases name the bits in the file; moshi_mlx uses group 32 for 4 bits.
+_KYUTAI_QUANT = re.compile(r"\.q([48])\.safetensors$")
+KYUTAI_MLX_NAMES = ["model.q4.safetensors", "model.q8.safetensors"]
+
+
+def kyutai_declared(name: str) -> dict | None:
+    """{bits, group_size} a Kyutai MLX file name declares (model.q4 / model.q8), else None."""
+    m = _KYUTAI_QUANT.search(name)
+    if m is None:
+        return None
+    bits = int(m.group(1))
+    return {"bits": bits, "group_size": 32 if bits == 4 else 64, "mode": "affine"}
+
+
 def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
-         quantize: int | None = None) -> Moshi:
+         quantize: int | None = None, group_size: int = 64) -> Moshi:
     """Load a Kyutai / PersonaPlex folder (or hub repo id). `dtype`: LM dtype (default: as
-    stored, bf16 for released files); Mimi always runs in float32. `quantize`: 4 or 8 bits."""
+    stored, bf16 for released files); Mimi always runs in float32. Quantized LM files
+    (Kyutai's moshi_mlx `model.q4` / `model.q8`) load as they are; `quantize` (4, 6 or 8 bits,
+    group `group_size`; Kyutai's q4 is group 32) quantizes a full-precision LM on the fly."""
     from ...hub import resolve
     from ...registry import weight_patterns as patterns
     from .. import mimi as mimi_pkg
 
     folder = resolve(folder, patterns)
     cfg_path = folder / "config.json"
-    files = CheckpointFiles.from_config(read_json(cfg_path) if cfg_path.exists() else None)
+    raw = read_json(cfg_path) if cfg_path.exists() else None
+    if raw is not None and raw.get("model_type") == "personaplex":
+        return _load_personaplex_mlx(folder, raw, dtype, quantize, group_size)
+    files = CheckpointFiles.from_config(raw)
     if files.model_type != "moshi":
         raise CheckpointError(f"{folder}: Kyutai model type {files.model_type!r} is not "
                               "supported (only moshi)")
+    if not files.has_config and not (folder / files.moshi_name).is_file():
+        found = [n for n in KYUTAI_MLX_NAMES if (folder / n).is_file()]
+        if found:  # kyutai/moshiko-mlx-q4, -q8: no config, the bits are in the file name
+            files.moshi_name = found[0]
     paths = {}
     for what, name in (("LM weights", files.moshi_name), ("Mimi weights", files.mimi_name),
                        ("text tokenizer", files.tokenizer_name)):
@@ -182,7 +221,8 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
         paths[what] = p
     config = LmConfig.from_dict(files.lm)
     lm = build_lm(config, load_safetensors([paths["LM weights"]]), paths["LM weights"],
-                  dtype, quantize, converted=is_converted([paths["LM weights"]]))
+                  dtype, quantize, group_size, kyutai_declared(files.moshi_name),
+                  converted=is_converted([paths["LM weights"]]))
     mimi_cfg = None
     if files.mimi_config_name:
         mimi_cfg = read_json(folder / files.mimi_config_name)
@@ -194,3 +234,27 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     tok = TextTokenizer.from_file(paths["text tokenizer"])
     voices = list_voices(voice_dir(folder)) if config.personaplex else {}
     return Moshi(lm, mimi, tok, GenConfig.from_dict(files.lm_gen), voices)
+
+
+def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) -> Moshi:
+    """The community PersonaPlex MLX layout (aufklarer/PersonaPlex-7B-MLX-4bit, -8bit): split
+    temporal / depformer / embeddings files (quantized parts as `quantization` says), the
+    PyTorch-layout Mimi, the SentencePiece model and `voices/`."""
+    from .. import mimi as mimi_pkg
+
+    paths = {}
+    for what, name in PERSONAPLEX_MLX_FILES.items():
+        p = folder / name
+        if not p.is_file():
+            raise CheckpointError(f"{folder} has no {what} file ({name})")
+        paths[what] = p
+    parts = {k: load_safetensors([paths[k]]) for k in ("temporal", "depformer", "embeddings")}
+    config = LmConfig.from_dict(personaplex_mlx_kwargs(raw))
+    lm = build_lm(config, personaplex_mlx_weights(parts), folder, dtype, quantize, group_size,
+                  quant.declared(raw))
+    try:
+        mimi = mimi_pkg.load(paths["mimi"], num_codebooks=max(config.n_agent, config.n_user))
+    except ValueError as e:
+        raise CheckpointError(f"{paths['mimi']}: {e}") from None
+    tok = TextTokenizer.from_file(paths["tokenizer"])
+    return Moshi(lm, mimi, tok, GenConfig(), list_voices(voice_dir(folder)))

@@ -165,6 +165,37 @@ class GenConfig:
                        temp_text=self.temp_text if temp_text is None else temp_text)
 
 
+# The community PersonaPlex MLX folders (aufklarer/PersonaPlex-7B-MLX-4bit, -8bit): split weights,
+# their own config.json (`model_type: personaplex`, `temporal`, `depformer`, `delays`,
+# `quantization`), Mimi and voices beside them.
+PERSONAPLEX_MLX_FILES = {"temporal": "temporal.safetensors", "depformer": "depformer.safetensors",
+                         "embeddings": "embeddings.safetensors", "mimi": "mimi.safetensors",
+                         "tokenizer": TOKENIZER_NAME}
+
+
+def personaplex_mlx_kwargs(c: dict) -> dict:
+    """Kyutai LM kwargs from a community PersonaPlex MLX config.json (Moshi 7B otherwise)."""
+    t, d = c.get("temporal", {}), c.get("depformer", {})
+    kw = dict(MOSHI_7B)
+    for ours, theirs in (("dim", "dim"), ("num_layers", "num_layers"), ("num_heads", "num_heads"),
+                         ("hidden_scale", "hidden_scale"), ("card", "card"),
+                         ("text_card", "text_card"), ("context", "context"),
+                         ("max_period", "max_period")):
+        if theirs in t:
+            kw[ours] = t[theirs]
+    for ours, theirs in (("depformer_dim", "dim"), ("depformer_num_layers", "num_layers"),
+                         ("depformer_num_heads", "num_heads"),
+                         ("depformer_dim_feedforward", "dim_feedforward"),
+                         ("dep_q", "num_steps"), ("depformer_weights_per_step", "weights_per_step"),
+                         ("depformer_multi_linear", "multi_linear")):
+        if theirs in d:
+            kw[ours] = d[theirs]
+    if "delays" in c:
+        kw["delays"] = list(c["delays"])
+        kw["n_q"] = len(kw["delays"]) - 1
+    return kw
+
+
 @dataclass
 class CheckpointFiles:
     """What a Kyutai-layout folder names: LM weights, Mimi weights, tokenizer, configs."""

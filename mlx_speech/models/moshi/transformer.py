@@ -283,7 +283,7 @@ class Transformer(nn.Module):
 
 
 _FUSED = re.compile(
-    r"^(layers\.\d+\.self_attn)\.(in_proj_weight|in_proj\.weight|out_proj\.weight)$"
+    r"^(layers\.\d+\.self_attn)\.(in_proj_weight|(in_proj|out_proj)\.(weight|scales|biases))$"
 )
 
 
@@ -305,9 +305,10 @@ def remap_checkpoint(weights: Mapping[str, mx.array], cfg: TransformerConfig,
         if m is None:
             out[name] = w
             continue
-        kind = "out_projs" if m.group(2) == "out_proj.weight" else "in_projs"
+        kind = "out_projs" if m.group(3) == "out_proj" else "in_projs"
+        leaf = m.group(4) or "weight"  # quantized: .scales / .biases split like the rows
         if w.shape[0] % n:
             raise ValueError(f"{key} has {w.shape[0]} rows, not a multiple of {n} steps")
         for k, part in enumerate(mx.split(w, n, axis=0)):
-            out[f"{m.group(1)}.{kind}.{k}.weight"] = part
+            out[f"{m.group(1)}.{kind}.{k}.{leaf}"] = part
     return out

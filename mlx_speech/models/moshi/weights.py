@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ...errors import CheckpointError
+from ...nn.quant import param_name
 from .config import LmConfig
 from .transformer import remap_checkpoint
 
@@ -52,12 +53,91 @@ def remap(weights: dict[str, mx.array], model) -> dict[str, mx.array]:
         if not k.startswith(tuple(sub)):
             out[k] = w
     for k in out:
-        if k not in expected:
+        if param_name(k) not in expected:
             raise CheckpointError(f"unexpected LM checkpoint key {k!r}")
     missing = sorted(set(expected) - set(out))
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
         raise CheckpointError(f"LM checkpoint is missing {', '.join(missing[:5])}{more}")
+    return out
+
+
+_MLX_SLICE = re.compile(r"^depformer\.slices\.(\d+)\.(.*)$")
+_MLX_NORM = re.compile(r"^(.*(?:^|\.)(?:norm1|norm2|out_norm))\.weight$")
+
+
+def is_moshi_mlx(keys) -> bool:
+    """moshi_mlx's names (Kyutai's `moshiko-mlx-*` files: `audio_embs.K`, `depformer.slices.K`)."""
+    return any(k.startswith(("audio_embs.", "depformer.slices.")) for k in keys)
+
+
+def from_moshi_mlx(weights: dict[str, mx.array], rms: bool) -> dict[str, mx.array]:
+    """moshi_mlx `Lm` names -> the names `remap` takes (per-step projections already split).
+
+    Slice k of moshi_mlx's depformer holds step k's embedding, input/output projections and
+    attention/FFN weights; its norms are copies of the shared ones (checked equal). RMS norms
+    are `.weight` (d,) there and `.alpha` (1, 1, d) here. Quantized modules keep `.scales` /
+    `.biases` beside `.weight`.
+    """
+    out: dict[str, mx.array] = {}
+    norms: dict[str, tuple[str, mx.array]] = {}
+    for key, w in weights.items():
+        name = key
+        if m := _MLX_SLICE.match(key):
+            k, rest = int(m.group(1)), m.group(2)
+            if rest.startswith("emb."):
+                name = ("depformer_text_emb." if k == 0 else f"depformer_emb.{k - 1}.") + rest[4:]
+            elif rest.startswith("linear_in."):
+                name = f"depformer_in.{k}." + rest[len("linear_in."):]
+            elif rest.startswith("linear_out."):
+                name = f"linears.{k}." + rest[len("linear_out."):]
+            elif lm := re.match(r"^transformer\.layers\.(\d+)\.(.*)$", rest):
+                layer, part = lm.group(1), lm.group(2)
+                part = re.sub(r"^self_attn\.(in|out)_proj\.", rf"self_attn.\1_projs.{k}.", part)
+                part = re.sub(r"^gating\.", f"gating.{k}.", part)
+                name = f"depformer.layers.{layer}.{part}"
+                if part.startswith(("norm1.", "norm2.")):
+                    if name in norms:  # a copy of the shared norm
+                        first_key, first = norms[name]
+                        if first.shape != w.shape or not mx.array_equal(first, w).item():
+                            raise CheckpointError(f"{key} differs from {first_key}: the "
+                                                  "depformer norms are shared by every step")
+                        continue
+                    norms[name] = (key, w)
+        elif key.startswith("audio_embs."):
+            name = "emb." + key[len("audio_embs."):]
+        else:
+            name = re.sub(r"\.self_attn\.(in|out)_proj\.", r".self_attn.\1_projs.0.", key)
+        if rms and (m := _MLX_NORM.match(name)):
+            name, w = m.group(1) + ".alpha", w.reshape(1, 1, -1)
+        out[name] = w
+    return out
+
+
+_FLAT_QUANT = re.compile(r"\.in_proj_(scales|biases)$")
+
+
+def personaplex_mlx_weights(parts: dict[str, dict[str, mx.array]]) -> dict[str, mx.array]:
+    """The community PersonaPlex MLX split files -> Kyutai names.
+
+    `temporal` holds `transformer.*` without its prefix (and `out_norm.*`), `depformer` holds
+    `depformer.*` without its prefix (and `depformer_in.*`), `embeddings` the embeddings and
+    heads as they are. The fused attention input is quantized flat, as `in_proj_weight`,
+    `in_proj_scales`, `in_proj_biases`; other quantized modules use `.scales` / `.biases`.
+    """
+    out: dict[str, mx.array] = {}
+    prefix = {"temporal": "transformer.", "depformer": "depformer.", "embeddings": ""}
+    for part, tensors in parts.items():
+        for key, w in tensors.items():
+            name = key
+            if key.startswith("layers."):
+                name = prefix[part] + key
+            name = _FLAT_QUANT.sub(r".in_proj.\1", name)
+            if name.endswith(".in_proj_weight") and key[: -len("weight")] + "scales" in tensors:
+                name = name[: -len("_weight")] + ".weight"
+            if name in out:
+                raise CheckpointError(f"{key} appears twice in the split PersonaPlex files")
+            out[name] = w
     return out
 
 

@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
+from ...nn import quant
 from ...text.spm import SentencePieceDecoder
 from ..asr import Word, load_strict, transcribe_with
 from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
@@ -19,10 +20,10 @@ from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
 from .session import Session, Transcript
 from .transducer import Model
-from .weights import remap
+from .weights import is_nemo_mlx, remap, remap_nemo_mlx
 
-__all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word", "load",
-           "weight_patterns"]
+__all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word",
+           "keep_high_precision", "load", "weight_patterns"]
 
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
             "tokenizer.json", "tokenizer.model"]
@@ -70,11 +71,24 @@ def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
-def load(path: str | Path, dtype: mx.Dtype | None = None) -> NemotronStreaming:
+def keep_high_precision(path: str, module) -> bool:
+    """What on-the-fly quantization leaves in full precision besides the convolutions, the
+    LSTM and the norms (which are not Linear layers): the 1x1 convolutions that this port runs
+    as Linears (`pointwise_conv` in the subsampling stem and in every conformer conv module).
+    They are convolutions in the checkpoint, which the MLX converters keep as they are; the
+    stem sees the raw features. Attention, FFN, projections, joint and the prediction
+    embedding are quantized."""
+    return ".pointwise_conv" in path
+
+
+def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
+         group_size: int = 64) -> NemotronStreaming:
     """Load strictly (every key mapped, none missing), lazily (weights memory-mapped).
 
     `path` is a transformers-layout folder (config.json, model*.safetensors,
-    tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive.
+    tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive. Quantized Linears /
+    embeddings in the file load as they are; `quantize` (4, 6 or 8 bits, group `group_size`)
+    quantizes a full-precision checkpoint on the fly, keeping `keep_high_precision`.
     """
     path = Path(path)
     converted = False
@@ -98,7 +112,14 @@ def load(path: str | Path, dtype: mx.Dtype | None = None) -> NemotronStreaming:
     config = NemotronStreamingConfig.from_hf(c)
     model = Model(config)
     params = dict(tree_flatten(model.parameters()))
-    if not converted:
+    declared = None
+    if converted:
+        pass  # already in our names
+    elif is_nemo_mlx(weights):  # an MLX export with NeMo names (possibly quantized)
+        weights = remap_nemo_mlx(weights, set(params))
+        declared = quant.declared(c)
+    else:
         weights = remap(weights, set(params))
-    load_strict(model, weights, path, dtype)
+    load_strict(model, weights, path, dtype, quantize, group_size, keep_high_precision,
+                declared)
     return NemotronStreaming(model, tokenizer, config)

@@ -92,7 +92,7 @@ class Model(nn.Module):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.encoder_projector.weight.dtype
+        return self.decoder.lstm.weight_ih_l0.dtype  # Linears may be quantized
 
     def make_decoder_state(self, batch: int = 1) -> DecoderState:
         """Zero LSTM state advanced by the blank (start) token, as NeMo and HF do."""

@@ -8,6 +8,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
+from ...nn.quant import param_name
 from ..asr import raise_missing
 
 _CONV2D = re.compile(r"^encoder\.subsampling\.(conv_in|layers\.\d+\.depthwise_conv)\.weight$")
@@ -24,7 +25,7 @@ def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.arra
     out: dict[str, mx.array] = {}
     for key, w in weights.items():
         name = key[len("model."):] if key.startswith("model.") else key
-        if name not in expected:
+        if param_name(name) not in expected:
             raise CheckpointError(f"unexpected checkpoint key {key!r}")
         if _CONV2D.match(name):
             w = w.transpose(0, 2, 3, 1)  # torch (O, I, H, W) -> mlx (O, H, W, I)
@@ -32,6 +33,39 @@ def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.arra
             w = w.reshape(w.shape[0], w.shape[1])  # 1x1 convs are Linears here
         elif _DEPTHWISE1D.match(name):
             w = w.swapaxes(1, 2)  # torch (O, I, K) -> mlx (O, K, I)
+        out[name] = w
+    raise_missing(expected, out)
+    return out
+
+
+_MLX_LSTM = re.compile(r"^decoder\.prediction\.dec_rnn\.lstm\.(\d+)\.(Wx|Wh|bias)$")
+
+
+def is_nemo_mlx(keys) -> bool:
+    """NeMo-named MLX weights (mlx-audio's nemotron_asr and parakeet-style exports)."""
+    return any(k.startswith(("encoder.pre_encode.", "decoder.prediction.")) for k in keys)
+
+
+def remap_nemo_mlx(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.array]:
+    """NeMo-named MLX tensors -> our parameters. Convs are already in MLX layouts (1x1 convs
+    are squeezed to Linears), and each LSTM layer is one `nn.LSTM` (Wx, Wh and the sum of the
+    two biases: it goes to bias_ih, bias_hh is zero). Quantized modules keep `.scales` /
+    `.biases`. Raises CheckpointError naming the first unknown or missing key."""
+    out: dict[str, mx.array] = {}
+    for key, w in weights.items():
+        if m := _MLX_LSTM.match(key):
+            layer, part = m.group(1), m.group(2)
+            if part == "bias":
+                out[f"decoder.lstm.bias_ih_l{layer}"] = w
+                out[f"decoder.lstm.bias_hh_l{layer}"] = mx.zeros_like(w)
+                continue
+            name = f"decoder.lstm.weight_{'ih' if part == 'Wx' else 'hh'}_l{layer}"
+        else:
+            name = hf_name(key)
+        if name is None or param_name(name) not in expected:
+            raise CheckpointError(f"unexpected checkpoint key {key!r}")
+        if (_POINTWISE2D.match(name) or _POINTWISE1D.match(name)) and w.ndim > 2:
+            w = w.reshape(w.shape[0], w.shape[-1])  # (O, 1[, 1], I) -> (O, I)
         out[name] = w
     raise_missing(expected, out)
     return out

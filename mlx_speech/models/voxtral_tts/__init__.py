@@ -13,6 +13,7 @@ from ...audio.clip import Audio
 from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, mistral_or_hf_layout
+from ...nn import quant
 from ...text.tekken import Tekken
 from ..asr import load_strict
 from .config import VoxtralTTSConfig
@@ -22,7 +23,8 @@ from .text import normalize, split_sentences
 from .voices import DEFAULT_VOICE, Voices
 from .weights import check_keys, remap
 
-__all__ = ["DEFAULT_VOICE", "VoxtralTTS", "load", "normalize", "weight_patterns"]
+__all__ = ["DEFAULT_VOICE", "VoxtralTTS", "keep_high_precision", "load", "normalize",
+           "weight_patterns"]
 
 MISTRAL_FILES = ["params.json", "consolidated*.safetensors", "tekken.json", "voice_embedding/*"]
 MLX_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json", "tekken.json",
@@ -136,11 +138,25 @@ def _read_config(folder: Path) -> tuple[VoxtralTTSConfig, list[Path]]:
                                 VoxtralTTSConfig.from_params, VoxtralTTSConfig.from_mlx_audio)
 
 
+def keep_high_precision(path: str, module) -> bool:
+    """What on-the-fly quantization leaves in full precision (as mlx-audio's converter and the
+    mlx-community 4/6-bit releases do): the codec (`audio_tokenizer`: small, runs once per
+    chunk, and its output is the waveform itself) and the audio-code embeddings (37 lookups a
+    frame, so no bandwidth to save; they carry the voice). The backbone, its embedding, the
+    semantic head and the flow transformer are quantized; the 36-wide acoustic input
+    projection is kept because its width is not a multiple of the group."""
+    return path.startswith(("audio_tokenizer.", "audio_codebook_embeddings."))
+
+
 def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
-         first_frame: str = "prefill", compile: bool = True) -> VoxtralTTS:
+         first_frame: str = "prefill", compile: bool = True, quantize: int | None = None,
+         group_size: int = 64) -> VoxtralTTS:
     """Load either layout strictly and lazily (memory-mapped).
 
-    `dtype` casts every weight except the fp32-sensitive semantic codebook.
+    Quantized mlx-community folders (4/6/8-bit) load as they are; `quantize` (4, 6 or 8
+    bits, group `group_size`) quantizes a full-precision checkpoint on the fly, keeping
+    `keep_high_precision`.
+    `dtype` casts every float weight except the fp32-sensitive semantic codebook.
     `alibi` picks the codec slopes: "vo" (1 .. 1/128, vllm-omni) or "mlxa"
     (1/2 .. 1/256, mlx-audio). `first_frame`: "prefill" or "audio_step" (§5.1).
     `compile`: mx.compile the per-frame flow head.
@@ -167,8 +183,10 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
     if not converted:
         check_keys(weights, origin, {k for k, _ in tree_flatten(model.parameters())})
     if dtype is not None:
-        weights = {k: v if ".quantizer." in k else v.astype(dtype) for k, v in weights.items()}
-    load_strict(model, weights, folder, None)
+        weights = {k: v if ".quantizer." in k or not mx.issubdtype(v.dtype, mx.floating)
+                   else v.astype(dtype) for k, v in weights.items()}
+    load_strict(model, weights, folder, None, quantize, group_size, keep_high_precision,
+                quant.declared(folder / "config.json"))
     voices = Voices(folder / "voice_embedding",
                     tokenizer.audio.get("voice_num_audio_tokens"), config.backbone.dim)
     return VoxtralTTS(model, tokenizer, voices, first_frame, compile)

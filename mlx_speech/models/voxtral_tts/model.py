@@ -142,7 +142,7 @@ class Model(nn.Module):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.tok_embeddings.weight.dtype
+        return self.norm.weight.dtype  # the embedding may be quantized
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]

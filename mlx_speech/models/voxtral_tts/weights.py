@@ -1,7 +1,8 @@
 """Checkpoint keys -> our parameter names for Voxtral TTS (strict, torch-free).
 
 Two layouts: Mistral `consolidated.safetensors` and mlx-audio / mlx-community
-`model*.safetensors` (`language_model.model.model.*`). Codec conv weights are
+`model*.safetensors` (`language_model.model.model.*`), quantized or not (`.scales` /
+`.biases` beside a quantized `.weight`). Codec conv weights are
 stored weight-normed (`parametrizations.weight.original0` = g, `original1` = v,
 torch layout); they are folded here, W = g * v / ||v|| (norm over every axis but
 0), kept in fp32 (rounding the folded product back to bf16 costs ~1e-3), and
@@ -15,6 +16,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
+from ...nn.quant import param_name
 from ..asr import raise_missing
 from .config import VoxtralTTSConfig
 from .model import inv_freq_formula
@@ -60,8 +62,6 @@ def _fold(g: mx.array, v: mx.array, transpose: bool) -> mx.array:
 def remap(weights: dict[str, mx.array], config: VoxtralTTSConfig
           ) -> tuple[dict[str, mx.array], dict[str, str]]:
     """Checkpoint tensors -> our names, and our name -> checkpoint key (for errors)."""
-    if any(k.endswith((".scales", ".biases")) for k in weights):
-        raise CheckpointError("quantized Voxtral TTS checkpoints are not supported yet")
     out: dict[str, mx.array] = {}
     origin: dict[str, str] = {}
     wn: dict[str, dict[str, mx.array]] = {}
@@ -95,7 +95,7 @@ def remap(weights: dict[str, mx.array], config: VoxtralTTSConfig
 def check_keys(weights: dict[str, mx.array], origin: dict[str, str], expected: set[str]) -> None:
     """Every checkpoint key maps to a parameter and every parameter is present."""
     for k in weights:
-        if k not in expected:
+        if param_name(k) not in expected:
             raise CheckpointError(f"unexpected checkpoint key {origin.get(k, k)!r}"
                                   f" (mapped to {k!r})")
     raise_missing(expected, weights)
