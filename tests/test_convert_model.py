@@ -160,7 +160,8 @@ def test_dtype(src, tmp_path):
 
 def _quant_cases():
     # tiny widths: the group must divide them (moshi 32, others 64)
-    return [("vr_mistral", 4, None), ("vr_hf", 8, 32), ("moshi", 4, None), ("moshi", 8, 32)]
+    return [("vr_mistral", 4, None), ("vr_hf", 8, 32), ("tts", 4, None), ("tts", 6, 32),
+            ("nemotron", 8, 32), ("nemo", 4, 32), ("moshi", 4, 32), ("moshi", 8, 32)]
 
 
 @pytest.mark.parametrize("name,bits,group", _quant_cases())
