@@ -10,7 +10,7 @@ import mlx.core as mx
 
 from .errors import CheckpointError
 
-CONFIG_FILES = ["config.json", "params.json"]
+CONFIG_FILES = ["config.json", "params.json", "mlx_speech.json"]
 
 
 def read_json(path: Path) -> dict:
@@ -92,6 +92,8 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
     if repo.count("/") != 1 or repo.startswith((".", "/")):
         raise CheckpointError(f"no such model folder: {repo}")
     folder = _download(repo, CONFIG_FILES)
+    if (folder / "mlx_speech.json").exists():  # converted: holds only what load reads
+        return _download(repo, ["*"])
     if not any((folder / f).exists() for f in CONFIG_FILES):  # legacy Kyutai layout
         folder = _download(repo, CONFIG_FILES + [MIMI_FILE])
     return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))

@@ -5,7 +5,7 @@ A `.nemo` file is a tar (plain or gzip) holding `model_config.yaml`,
 artifacts named `<uuid>_tokenizer.model`. The state dict is read with
 `mlx_speech.torchfile`, which builds tensors and plain containers only and
 rejects any other pickled global. Keys are renamed to the transformers layout, so the
-rest of the loader (and `convert_nemo`'s output folder) is the HF path.
+rest of the loader is the HF path (`mlx_speech.convert.nemo` exports that folder).
 """
 
 from __future__ import annotations
@@ -113,17 +113,3 @@ def hf_config(nemo: dict) -> dict:
         },
         "supported_num_lookahead_tokens": [c[1] for c in ctx],
     }
-
-
-def convert_nemo(path: str | Path, out: str | Path) -> Path:
-    """Write a transformers-layout folder (config.json, model.safetensors,
-    tokenizer.model) that `load()` reads; tensors keep their torch layouts."""
-    import json
-
-    config, weights, tok = read_nemo(path)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(config), indent=2))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    (out / "tokenizer.model").write_bytes(tok)
-    return out
