@@ -216,7 +216,7 @@ class Moshi:
     def step(self, w, inp, n: int, texts: list | None = None) -> float:
         from mlx_speech.models.moshi import KyutaiGen, Sampling
 
-        gen = KyutaiGen(w.lm, w.lm.config, Sampling(0.0, 0.0, 250, 25))
+        gen = KyutaiGen(w.lm, w.lm.config, Sampling(0.0, 0.0, 250, 25), user_lag=1)  # as LmGen
         users = self.user(n + 2)
         i = [0]
 

@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                                "of torch files")
     p.add_argument("out", help="output folder (must not exist or be empty), or a .safetensors "
                                "file for one torch file")
-    p.add_argument("--quantize", "-q", metavar="BITS",
-                   help="quantize to 2, 3, 4, 5, 6 or 8 bits (the family's own rules)")
+    p.add_argument("--quantize", metavar="BITS",
+                   help="quantize to 4, 6 or 8 bits (2, 3, 5 also work) with the family's own "
+                        "rules, as load(quantize=BITS) does")
     p.add_argument("--group-size", metavar="G", help="quantization group: 32, 64 or 128")
     p.add_argument("--dtype", metavar="|".join(DTYPES), help="float dtype of the weights "
                    "(default: as stored)")

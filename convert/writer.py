@@ -23,8 +23,6 @@ from .torchfiles import TORCH_SUFFIXES, save_safetensors, torch_tensors
 
 WEIGHTS_METADATA = {"format": FORMAT, "version": str(VERSION)}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-QUANT_BITS = (2, 3, 4, 5, 6, 8)
-GROUP_SIZES = (32, 64, 128)
 
 
 class _Plan:
@@ -148,14 +146,13 @@ def _check_out(out: Path) -> None:
 
 
 def check_options(quantize: int | None, group_size: int | None, dtype: str | None) -> None:
-    if quantize is not None and quantize not in QUANT_BITS:
-        raise MlxSpeechError(f"--quantize must be one of {', '.join(map(str, QUANT_BITS))} "
-                             f"bits, not {quantize}")
-    if group_size is not None and group_size not in GROUP_SIZES:
-        raise MlxSpeechError(f"--group-size must be one of "
-                             f"{', '.join(map(str, GROUP_SIZES))}, not {group_size}")
+    """One-line errors for bad options, before anything is read."""
     if group_size is not None and quantize is None:
         raise MlxSpeechError("--group-size needs --quantize")
+    if quantize is not None:
+        from mlx_speech.nn.quant import check_params
+
+        check_params(quantize, 64 if group_size is None else group_size)
     if dtype is not None and dtype not in DTYPES:
         raise MlxSpeechError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
 

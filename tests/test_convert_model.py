@@ -90,10 +90,7 @@ def outputs(m) -> list[np.ndarray]:
         out = []
         for i in range(3):
             pcm, text = s.step(x[i * s.frame_size:(i + 1) * s.frame_size])
-            # random weights can drive Mimi to ~1e15, where float32 sums on the CPU differ
-            # from run to run (the same folder loaded twice): compare audio in range only
-            out += [pcm if np.abs(pcm).max() < 1e3 else np.isfinite(pcm),
-                    np.frombuffer(text.encode(), np.uint8)]
+            out += [pcm, np.frombuffer(text.encode(), np.uint8)]
         return out
     return [np.array(m.transcribe(speechlike(1.5), 16000).token_ids)]
 
@@ -107,13 +104,19 @@ def params(m) -> dict[str, mx.array]:
     return dict(tree_flatten(m.model.parameters()))
 
 
-def assert_same(a, b) -> None:
+def lm_logits(m) -> list[np.ndarray]:
+    """Duplex LM text logits on fixed tokens (one offline forward)."""
+    tok = np.random.default_rng(3).integers(0, 50, (1, 1 + m.config.n_q, 6))
+    return [np.array(m.lm.forward_tokens(mx.array(tok))[1])]
+
+
+def assert_same(a, b, run=outputs) -> None:
     pa, pb = params(a), params(b)
     assert pa.keys() == pb.keys()
     for k in pa:
         assert pa[k].dtype == pb[k].dtype, k
         assert mx.array_equal(pa[k], pb[k]).item(), k
-    for x, y in zip(outputs(a), outputs(b), strict=True):
+    for x, y in zip(run(a), run(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -217,10 +220,10 @@ def _write(d: Path, name: str, text: str = "x") -> Path:
     (lambda d: _write(d, "x.onnx"), ["x.onnx", "o"], "don't know how to convert x.onnx"),
     (lambda d: _write(d / "o", "junk"), ["SRC", "o"],
      "output o already exists and is not an empty folder"),
-    (lambda d: None, ["SRC", "o", "--quantize", "7"], "--quantize must be one of 2, 3, 4, 5, 6, 8"),
+    (lambda d: None, ["SRC", "o", "--quantize", "7"], "takes bits in 2, 3, 4, 5, 6, 8, got 7"),
     (lambda d: None, ["SRC", "o", "--quantize", "four"], "--quantize needs a whole number"),
     (lambda d: None, ["SRC", "o", "--quantize", "4", "--group-size", "48"],
-     "--group-size must be one of 32, 64, 128"),
+     "takes group size 32, 64, 128, got 48"),
     (lambda d: None, ["SRC", "o", "--group-size", "64"], "--group-size needs --quantize"),
     (lambda d: None, ["SRC", "o", "--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
     (lambda d: None, ["SRC", "nofolder/o"], "folder nofolder does not exist"),
@@ -287,7 +290,9 @@ def test_published_quantized_layouts_convert(name, tmp_path, monkeypatch):
     s = _published(name, tmp_path / "src")
     assert main([str(s), str(tmp_path / "out"), "--quiet"]) == 0
     src, conv = mlx_speech.load(s), mlx_speech.load(tmp_path / "out")
-    assert_same(src, conv)
+    # the test's random PersonaPlex weights overflow in a session (the source run twice
+    # differs too): its LM is compared on one forward
+    assert_same(src, conv, lm_logits if name.startswith("personaplex") else outputs)
     man = json.loads((tmp_path / "out" / "mlx_speech.json").read_text())
     q = {k: v for k, v in params(src).items() if k.endswith(".scales")}
     assert q and man["quantization"] is not None
