@@ -302,3 +302,43 @@ def test_published_quantized_layouts_convert(name, tmp_path, monkeypatch):
 def conv_kind(m) -> str:
     return {"VoxtralRealtime": "voxtral_realtime", "VoxtralTTS": "voxtral_tts",
             "NemotronStreaming": "nemotron_asr_streaming", "Moshi": "moshi"}[type(m).__name__]
+
+
+def test_hub_ids_in_and_out(tmp_path, monkeypatch):
+    """A hub id converts (from a pre-filled cache, offline), and a converted folder published on
+    the hub loads by its id, its whole folder fetched."""
+    import fnmatch
+    import os
+    import subprocess
+    import sys
+
+    import mlx.nn as nn
+
+    from mlx_speech import hub
+
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny" / "snapshots" / ("a" * 40)
+    make_voxtral_checkpoint(snap, "mistral")
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path),
+               PYTHONPATH=str(ROOT.parent))
+    r = subprocess.run([sys.executable, "-m", "mlx_speech.convert", "acme/tiny",
+                        str(tmp_path / "conv"), "--quantize", "8", "--group-size", "32"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+    def download(repo, patterns):  # the hub, serving only the files asked for
+        assert repo == "acme/tiny-q8"
+        got = tmp_path / "dl"
+        for f in (tmp_path / "conv").rglob("*"):
+            rel = str(f.relative_to(tmp_path / "conv"))
+            if f.is_file() and any(fnmatch.fnmatch(rel, p) for p in patterns):
+                (got / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, got / rel)
+        return got
+
+    monkeypatch.setattr(hub, "_download", download)
+    m = mlx_speech.load("acme/tiny-q8")
+    assert isinstance(m.model.whisper_encoder.transformer.layers[0].attention.wq,
+                      nn.QuantizedLinear)
