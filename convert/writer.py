@@ -190,6 +190,9 @@ def convert_model(src: str | Path, out: str | Path, *, quantize: int | None = No
     check_options(quantize, group_size, dtype)
     out = Path(out).expanduser()
     _check_out(out)
+    if progress and sys.stderr.isatty():  # reading (and quantizing) comes before the bar
+        print(f"loading {src}" + (f", quantizing to {quantize} bits" if quantize else ""),
+              file=sys.stderr, flush=True)
     kind, path, loaded = load_source(src, quantize, group_size, dtype)
     plan = _Plan()
     PLANS[kind](plan, path, loaded)
