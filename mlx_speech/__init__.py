@@ -19,6 +19,8 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
     (`VoxtralTTS`: `generate()`, `stream()`, `voices`) or full duplex (`Moshi`,
     also PersonaPlex: `session().step()`). A `.nemo` archive path also works.
+    Quantized MLX checkpoints load as they are; `quantize=4|6|8` (`group_size=64`)
+    quantizes a full-precision one while loading.
     """
     from pathlib import Path
 

@@ -21,6 +21,27 @@ from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
 Q = Path(__file__).parent / "golden" / "quantized"
 
 
+@pytest.fixture(scope="module")
+def goldens():
+    """The producers' recorded outputs, per family folder."""
+    return {d.name: dict(np.load(d / "golden.npz")) for d in Q.iterdir() if d.is_dir()}
+
+
+@pytest.fixture
+def vr_gold(goldens):
+    return goldens["voxtral_realtime"]
+
+
+@pytest.fixture
+def moshi_gold(goldens):
+    return goldens["moshi"]
+
+
+@pytest.fixture
+def tts_gold(goldens):
+    return goldens["voxtral_tts"]
+
+
 def _params(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.parameters()))
 
@@ -38,11 +59,6 @@ def _assert_same_tensors(a, b, any_dtype: str = "") -> None:
 VR = Q / "voxtral_realtime"
 VR_PROMPT = [1] + [32] * (32 + 6)
 VR_LAYOUTS = ["mlx_audio_4bit", "mlx_audio_4bit_keep", "voxmlx_6bit", "voxmlx_8bit"]
-
-
-@pytest.fixture(scope="module")
-def vr_gold():
-    return dict(np.load(VR / "golden.npz"))
 
 
 def vr_folder(tmp_path: Path, name: str) -> Path:
@@ -84,9 +100,7 @@ def test_voxtral_realtime_layouts_match_their_producer(name, vr_gold, tmp_path):
 
 
 def test_voxtral_realtime_on_the_fly_equals_mlx_audio_file(tmp_path):
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     ours = mlx_speech.load(src, quantize=4, group_size=64)
     theirs = mlx_speech.load(vr_folder(tmp_path, "mlx_audio_4bit"))
     _assert_same_tensors(ours.model, theirs.model)
@@ -94,6 +108,12 @@ def test_voxtral_realtime_on_the_fly_equals_mlx_audio_file(tmp_path):
     a1, t1, l1 = vr_run(ours, mel, 44)
     a2, t2, l2 = vr_run(theirs, mel, 44)
     assert t1 == t2 and np.array_equal(l1, l2)
+
+
+def test_voxtral_realtime_mlx_audio_fp16_layout(tmp_path):
+    src = vr_folder(tmp_path, "fp32")
+    _assert_same_tensors(mlx_speech.load(vr_folder(tmp_path, "mlx_audio_fp16")).model,
+                         mlx_speech.load(src, dtype=mx.float16).model)
 
 
 def test_voxtral_realtime_declared_bits_must_match_the_tensors(tmp_path):
@@ -136,9 +156,7 @@ def test_truncated_quantized_file_is_one_line_error(tmp_path):
 
 
 def test_bad_quantize_settings_are_one_line_errors(tmp_path):
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     for kw in ({"quantize": 5 + 2}, {"quantize": 4, "group_size": 100}):
         with pytest.raises(MlxSpeechError) as e:
             mlx_speech.load(src, **kw)
@@ -148,11 +166,6 @@ def test_bad_quantize_settings_are_one_line_errors(tmp_path):
 # -- Moshi: Kyutai's moshi_mlx files (model.safetensors / model.q4 / model.q8) --------------
 MOSHI = Q / "moshi"
 MOSHI_FILES = ["model.safetensors", "model.q4.safetensors", "model.q8.safetensors"]
-
-
-@pytest.fixture(scope="module")
-def moshi_gold():
-    return dict(np.load(MOSHI / "golden.npz"))
 
 
 def moshi_folder(tmp_path: Path, name: str) -> Path:
@@ -225,11 +238,6 @@ def test_kyutai_file_name_bits_must_match_the_tensors(tmp_path):
 # -- Voxtral TTS: mlx-audio / mlx-community layout ----------------------------------------
 TTS = Q / "voxtral_tts"
 TTS_CKPT = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
-
-
-@pytest.fixture(scope="module")
-def tts_gold():
-    return dict(np.load(TTS / "golden.npz"))
 
 
 def tts_folder(tmp_path: Path, name: str) -> Path:
@@ -310,9 +318,7 @@ def test_transcribe_quantize_flag_runs(tmp_path, capsys):
     from mlx_speech import transcribe
     from tests.conftest import speechlike
 
-    src = tmp_path / "fp32"
-    shutil.copytree(VR / "fp32", src)
-    write_tekken(src / "tekken.json", [], vocab_size=1100, audio=VOXTRAL_AUDIO)
+    src = vr_folder(tmp_path, "fp32")
     wav = tmp_path / "a.wav"
     sf.write(wav, speechlike(1.5), 16000)
     want = mlx_speech.load(src, quantize=4, group_size=32).transcribe(str(wav)).text
@@ -372,8 +378,11 @@ def pp_quantize(w: np.ndarray, bits: int, group: int):
     return packed, scales, biases, deq
 
 
-def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
-    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict."""
+def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int,
+                          first_version: bool = False):
+    """(folder, the dequantized weights under Kyutai names) for a Kyutai-named weight dict.
+    `first_version`: the converter's first release (temporal part only; the fused
+    `in_proj_weight` is left as it is, its name not ending in `.weight`)."""
     from safetensors.numpy import save_file
 
     from tests.moshi_helpers import random_lm_kwargs, write_folder
@@ -390,8 +399,9 @@ def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
         w16 = w.astype(np.float16)
         layer = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
         flat = name.endswith(".in_proj_weight")
-        if (part != "embeddings" and w.ndim == 2 and w.shape[1] % group == 0
-                and (flat or layer in _PP_LINEARS)):
+        parts_q = ("temporal",) if first_version else ("temporal", "depformer")
+        if (part in parts_q and w.ndim == 2 and w.shape[1] % group == 0
+                and ((flat and not first_version) or layer in _PP_LINEARS)):
             packed, scales, biases, d = pp_quantize(w, bits, group)
             stem = name[: -len("weight")] if flat else name[: -len(".weight")] + "."
             parts[part] |= {stem + "weight": packed, stem + "scales": scales,
@@ -417,7 +427,8 @@ def write_personaplex_mlx(dest: Path, kyutai: dict, bits: int, group: int):
                       "weights_per_step": True, "multi_linear": True},
         "delays": PP_KW["delays"],
         "quantization": {"bits": bits, "group_size": group,
-                         "quantized_components": ["temporal", "depformer"]},
+                         "quantized_components": ["temporal"] + ["depformer"] * (
+                             not first_version)},
         "voices": [],
     }
     (dest / "config.json").write_text(json.dumps(config))
@@ -437,19 +448,22 @@ def tiny_mimi_config(monkeypatch):
     monkeypatch.setattr(mimi_pkg, "load", functools.partial(mimi_pkg.load, config=cfg))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, tmp_path,
+@pytest.mark.parametrize("bits,first", [(4, False), (8, False), (4, True)])
+def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, first, tmp_path,
                                                                tiny_mimi_config):
     from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs
 
     kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
-    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64)
+    folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64, first)
     d = mlx_speech.load(folder)
     assert d.family == "personaplex" and d.config.dep_q == 16
     at = d.lm.transformer.layers[0]
-    assert isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    flat = isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
+    assert flat == (not first)
+    assert isinstance(at.self_attn.out_projs[0], nn.QuantizedLinear)
     assert type(at.gating.linear_out) is nn.Linear  # width 176: not quantized in the file
-    assert isinstance(d.lm.depformer.layers[0].self_attn.in_projs[15], nn.QuantizedLinear)
+    dep = d.lm.depformer.layers[0].self_attn.in_projs[15]
+    assert isinstance(dep, nn.QuantizedLinear) == (not first)
     assert type(d.lm.text_emb) is nn.Embedding and type(d.lm.linears[0]) is nn.Linear
     r = mlx_speech.load(ref)
     rng = np.random.default_rng(2)
@@ -469,13 +483,17 @@ def test_personaplex_mlx_layout_missing_file(tmp_path):
         mlx_speech.load(folder)
 
 
-def test_scales_on_a_module_that_cannot_be_quantized(tmp_path):
-    folder = vr_folder(tmp_path, "mlx_audio_4bit")
+@pytest.mark.parametrize("name,key,msg", [
+    ("mlx_audio_4bit", "encoder.conv_layers_0_conv.conv.scales",
+     r"conv_layers\.0\.conv\.scales: Conv1d"),  # a module that cannot be quantized
+    ("voxmlx_6bit", "language_model.layers.0.mystery.scales",
+     r"language_model\.layers\.0\.mystery\.scales"),  # an unknown key
+])
+def test_stray_scales_are_named(name, key, msg, tmp_path):
+    folder = vr_folder(tmp_path, name)
     f = folder / "model.safetensors"
-    w = dict(mx.load(str(f)))
-    w["encoder.conv_layers_0_conv.conv.scales"] = mx.zeros((64, 1))
-    mx.save_safetensors(str(f), w)
-    with pytest.raises(CheckpointError, match=r"conv_layers\.0\.conv\.scales: Conv1d") as e:
+    mx.save_safetensors(str(f), dict(mx.load(str(f))) | {key: mx.zeros((64, 1))})
+    with pytest.raises(CheckpointError, match=msg) as e:
         mlx_speech.load(folder)
     assert "\n" not in str(e.value)
 
@@ -521,22 +539,26 @@ def test_live_voxtral_realtime_producers(tmp_path):
                   dict(np.load(VR / "golden.npz")))
 
 
-@pytest.mark.reference
-def test_live_moshi_mlx(tmp_path):
-    pytest.importorskip("moshi_mlx")
-    _same_goldens(_regenerate("make_quantized_moshi.py", tmp_path),
-                  dict(np.load(MOSHI / "golden.npz")))
-
 
 @pytest.mark.reference
-def test_live_voxtral_tts_mlx_audio(tmp_path):
-    pytest.importorskip("mlx_audio.tts.models.voxtral_tts")
-    _same_goldens(_regenerate("make_quantized_voxtral_tts.py", tmp_path),
-                  dict(np.load(TTS / "golden.npz")))
+@pytest.mark.parametrize("family,producer", [
+    ("moshi", "moshi_mlx"), ("voxtral_tts", "mlx_audio.tts.models.voxtral_tts"),
+    ("nemotron", "mlx_audio.stt.models.nemotron_asr")])
+def test_live_producers(family, producer, goldens, tmp_path):
+    pytest.importorskip(producer)
+    _same_goldens(_regenerate(f"make_quantized_{family}.py", tmp_path), goldens[family])
 
 
-@pytest.mark.reference
-def test_live_nemotron_mlx_audio(tmp_path):
-    pytest.importorskip("mlx_audio.stt.models.nemotron_asr")
-    _same_goldens(_regenerate("make_quantized_nemotron.py", tmp_path),
-                  dict(np.load(NEMO / "golden.npz")))
+def test_kyutai_mlx_folder_without_config_picks_the_quantized_file(tmp_path):
+    """kyutai/moshiko-mlx-q4 has no config.json: the Moshi 7B config and model.q4.safetensors
+    (here a tiny file, so the 7B config refuses it by name)."""
+    from mlx_speech.hub import MIMI_FILE
+    from mlx_speech.models.moshi import weight_patterns
+
+    d = moshi_folder(tmp_path, "model.q4.safetensors")
+    (d / "config.json").unlink()
+    (d / "codec.safetensors").rename(d / MIMI_FILE)
+    (d / "tok.model").rename(d / "tokenizer_spm_32k_3.model")
+    assert "model.q4.safetensors" in weight_patterns(d)
+    with pytest.raises(CheckpointError, match=r"model\.q4\.safetensors: config says dep_q=8"):
+        mlx_speech.load(d)

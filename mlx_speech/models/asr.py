@@ -99,8 +99,12 @@ def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | No
 
     Modules the file stores quantized (`<path>.scales`) are swapped in first, with the
     bits / group size their tensors say (`expect`: what the checkpoint declares). `quantize`
-    (bits) then quantizes the rest on the fly, except what `keep(path, module)` keeps.
+    (bits) then quantizes the rest on the fly, except what `keep(path, module)` keeps, one
+    module at a time; `weights` is emptied first (callers must hold no other reference to the
+    file's arrays), so full-precision tensors are freed as soon as they are quantized.
     """
+    if quantize is not None:
+        quant.check_params(quantize, group_size)
     try:
         quant.quantize_from_weights(model, weights, expect)
     except CheckpointError as e:
@@ -109,10 +113,14 @@ def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | No
         if tuple(weights[k].shape) != tuple(p.shape):
             raise CheckpointError(f"weight {k!r} has shape {tuple(weights[k].shape)}, "
                                   f"config expects {tuple(p.shape)}")
+    items = list(weights.items())
     if dtype is not None:  # packed quantized weights and fp-mode scales stay as they are
-        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in weights.items()}
-    model.load_weights(list(weights.items()), strict=True)
+        items = [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
+                 for k, v in items]
+    if quantize is not None:
+        weights.clear()
+    model.load_weights(items, strict=True)
+    del items
     model.eval()
     try:
         if quantize is not None:

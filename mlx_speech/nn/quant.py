@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..errors import CheckpointError, MlxSpeechError
 
@@ -176,8 +177,6 @@ def quantize_from_weights(model: nn.Module, weights: Mapping[str, mx.array],
 
 
 def _leaves(model: nn.Module):
-    from mlx.utils import tree_flatten
-
     return tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
 
 

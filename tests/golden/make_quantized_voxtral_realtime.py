@@ -8,6 +8,7 @@ their producers' own code:
   Voxtral predicate (the current converter: embeddings and adapter quantized);
 - `mlx_audio_4bit_keep/`: the same with the embedding and adapter kept in bf16 (the
   published mlx-community ...-2602-4bit);
+- `mlx_audio_fp16/`: the same names, not quantized, in float16 (mlx-community ...-fp16);
 - `voxmlx_6bit/`, `voxmlx_8bit/`: voxmlx 0.0.2's own `convert` (params.json + quantization).
 
 Each producer's model then runs a fixed mel through its encoder + adapter and greedily decodes
@@ -68,13 +69,22 @@ def mlx_audio_model(src: Path):
     return model, cfg
 
 
-def write_mlx_audio(src: Path, out: Path, bits: int, group: int, keep_emb: bool) -> None:
+def write_mlx_audio(src: Path, out: Path, bits: int | None, group: int | None,
+                    keep_emb: bool = False) -> None:
+    """As mlx_audio.convert does; `bits=None`: not quantized, saved in float16 (the -fp16)."""
     from mlx_audio.convert import build_quant_predicate
     from mlx_audio.lm.convert import quantize_model, save_config, save_model
 
     model, cfg = mlx_audio_model(src)
     model.load_weights(list(model.sanitize(mx.load(str(src / "consolidated.safetensors")))
                             .items()))
+    if bits is None:
+        model.load_weights([(k, v.astype(mx.float16))
+                            for k, v in tree_flatten(model.parameters())])
+        save_model(out, model)
+        save_config(cfg, out / "config.json")
+        shutil.copy(src / "tekken.json", out / "tekken.json")
+        return
     predicate = build_quant_predicate(model)
     if keep_emb:  # the published 4bit: embedding (tied head) and adapter stay bf16
         base = predicate
@@ -150,6 +160,7 @@ def main() -> None:
     assert json.loads((src / "params.json").read_text()) == params_json(ENC, DEC)
     write_mlx_audio(src, out / "mlx_audio_4bit", 4, 64, keep_emb=False)
     write_mlx_audio(src, out / "mlx_audio_4bit_keep", 4, 64, keep_emb=True)
+    write_mlx_audio(src, out / "mlx_audio_fp16", None, None)  # compared tensor by tensor
     write_voxmlx(src, out / "voxmlx_6bit", 6, 64)
     write_voxmlx(src, out / "voxmlx_8bit", 8, 32)
     mel = test_mel()

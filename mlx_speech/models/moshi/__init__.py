@@ -74,10 +74,13 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
              group_size: int = 64, expect: dict | None = None,
              converted: bool = False) -> LM:
     """An LM from Kyutai/PersonaPlex- or moshi_mlx-named tensors (quantized or not): strict,
-    lazy (memory-mapped) loading; `quantize` bits (group `group_size`) quantizes on the fly.
+    lazy (memory-mapped) loading; `quantize` bits (group `group_size`) quantizes on the fly,
+    consuming (emptying) `weights` so each full-precision tensor is freed once quantized.
     `converted`: tensors already in our names (mlx_speech.convert's layout)."""
     if not converted and is_moshi_mlx(weights):
-        weights = from_moshi_mlx(weights, rms=config.norm.startswith("rms"))
+        src, weights = weights, from_moshi_mlx(weights, rms=config.norm.startswith("rms"))
+        if quantize is not None:
+            src.clear()  # no second reference to the file's arrays
     n = depformer_steps(weights)
     if n != config.dep_q:
         if n == config.n_q and config.n_q % 2 == 0:
@@ -86,8 +89,11 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
             raise CheckpointError(f"{where}: config says dep_q={config.dep_q} but the weights "
                                   f"have {n} depformer heads")
     lm = LM(config, *gated_hidden(weights))
-    load_strict(lm, weights if converted else remap(weights, lm), where, dtype, quantize,
-                group_size, keep_high_precision, None if converted else expect)
+    mapped = weights if converted else remap(weights, lm)
+    if quantize is not None and not converted:  # consumed: each tensor is freed once quantized
+        weights.clear()
+    load_strict(lm, mapped, where, dtype, quantize, group_size, keep_high_precision,
+                None if converted else expect)
     return lm
 
 
@@ -250,8 +256,10 @@ def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) 
         paths[what] = p
     parts = {k: load_safetensors([paths[k]]) for k in ("temporal", "depformer", "embeddings")}
     config = LmConfig.from_dict(personaplex_mlx_kwargs(raw))
-    lm = build_lm(config, personaplex_mlx_weights(parts), folder, dtype, quantize, group_size,
-                  quant.declared(raw))
+    merged = personaplex_mlx_weights(parts)
+    for part in parts.values():
+        part.clear()
+    lm = build_lm(config, merged, folder, dtype, quantize, group_size, quant.declared(raw))
     try:
         mimi = mimi_pkg.load(paths["mimi"], num_codebooks=max(config.n_agent, config.n_user))
     except ValueError as e:

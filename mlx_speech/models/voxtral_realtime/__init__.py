@@ -125,6 +125,7 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None
             weights = remap(raw, config, expected)
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder}: {e}") from None
+    del raw  # on-the-fly quantization frees each tensor once quantized
     load_strict(model, weights, folder, dtype, quantize, group_size, keep_high_precision,
                 None if converted else quant.declared(folder / "config.json"))
     return VoxtralRealtime(model, tokenizer, config)
