@@ -66,14 +66,7 @@ def _bench(name: str):
 
 
 def median_ms(fn, n: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(ts))
+    return _bench("voxtral_tts").median_ms(fn, n, warmup)
 
 
 # ---------------------------------------------------------------- families
