@@ -342,3 +342,23 @@ def test_hub_ids_in_and_out(tmp_path, monkeypatch):
     m = mlx_speech.load("acme/tiny-q8")
     assert isinstance(m.model.whisper_encoder.transformer.layers[0].attention.wq,
                       nn.QuantizedLinear)
+
+
+@pytest.mark.parametrize("name", ["vr_hf", "tts", "nemotron", "moshi"])
+def test_converted_folder_loads_without_remapping(src, tmp_path, monkeypatch, name):
+    assert main([str(src(name)), str(tmp_path / "o"), "--quiet"]) == 0
+
+    def boom(*a, **k):
+        raise AssertionError("remapped at load time")
+
+    import mlx_speech.models.mimi as mimi
+    import mlx_speech.models.moshi as moshi
+    import mlx_speech.models.nemotron_streaming as nemotron
+    import mlx_speech.models.voxtral_realtime as vr
+    import mlx_speech.models.voxtral_tts as tts
+
+    for mod in (vr, tts, nemotron, moshi, mimi):
+        monkeypatch.setattr(mod, "remap", boom)
+    mlx_speech.load(tmp_path / "o")
+    with pytest.raises(AssertionError, match="remapped"):
+        mlx_speech.load(src(name))  # the source layouts do go through remap
