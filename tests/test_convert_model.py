@@ -362,3 +362,22 @@ def test_converted_folder_loads_without_remapping(src, tmp_path, monkeypatch, na
     mlx_speech.load(tmp_path / "o")
     with pytest.raises(AssertionError, match="remapped"):
         mlx_speech.load(src(name))  # the source layouts do go through remap
+
+
+def test_manifest_names_modules_quantized_differently():
+    import mlx.nn as nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = [nn.Linear(64, 64) for _ in range(3)]
+            self.head = nn.Linear(64, 32)
+            self.norm = nn.RMSNorm(64)
+
+    m = M()
+    nn.quantize(m, group_size=64, bits=4, class_predicate=lambda p, _: p.startswith("a."))
+    nn.quantize(m, group_size=32, bits=8, class_predicate=lambda p, _: p == "head")
+    common, overrides = writer_mod._quant_summary(m)
+    assert common == {"bits": 4, "group_size": 64, "mode": "affine"}
+    assert overrides == {"head": {"bits": 8, "group_size": 32, "mode": "affine"}}
+    assert writer_mod._quant_summary(M()) == (None, {})
