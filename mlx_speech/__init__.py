@@ -6,6 +6,10 @@ __version__ = "0.1.0"
 
 DEFAULT_ASR_MODEL = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 
+from ._subpackages import install as _install_subpackages  # noqa: E402
+
+_install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
+
 
 def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     """Load a model from a local folder or a Hugging Face repo id.

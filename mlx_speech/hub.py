@@ -10,7 +10,7 @@ import mlx.core as mx
 
 from .errors import CheckpointError
 
-CONFIG_FILES = ["config.json", "params.json"]
+CONFIG_FILES = ["config.json", "params.json", "mlx_speech.json"]
 
 
 def read_json(path: Path) -> dict:
@@ -33,6 +33,11 @@ def detect_model_type(folder: Path) -> str:
     (LM kwargs naming the Moshi/Mimi/tokenizer files, as the `moshi` package's
     CheckpointInfo reads it), or a legacy Kyutai folder with no config at all.
     """
+    from .converted import read_manifest
+
+    manifest = read_manifest(folder)
+    if manifest is not None:  # our converted layout says it
+        return manifest["model_type"]
     params, cfg = folder / "params.json", folder / "config.json"
     c = read_json(cfg) if cfg.exists() else None
     p = read_json(params) if params.exists() else None
@@ -87,6 +92,8 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
     if repo.count("/") != 1 or repo.startswith((".", "/")):
         raise CheckpointError(f"no such model folder: {repo}")
     folder = _download(repo, CONFIG_FILES)
+    if (folder / "mlx_speech.json").exists():  # converted: holds only what load reads
+        return _download(repo, ["*"])
     if not any((folder / f).exists() for f in CONFIG_FILES):  # legacy Kyutai layout
         folder = _download(repo, CONFIG_FILES + [MIMI_FILE])
     return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))
@@ -95,17 +102,21 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
 def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config):
     """(config, weight files) of a Mistral-native folder (`params.json` +
     `consolidated*.safetensors`), else of a `config.json` + `model*.safetensors`
-    folder whose `model_type` must be `model_type`."""
+    folder whose `model_type` must be `model_type`. A converted folder keeps its
+    source's config file; its weights file is the one its manifest names."""
+    from .converted import weight_files
+
+    converted = weight_files(folder)
     if (folder / "params.json").exists():
         cfg = from_params(read_json(folder / "params.json"))
-        files = sorted(folder.glob("consolidated*.safetensors"))
+        files = converted or sorted(folder.glob("consolidated*.safetensors"))
     elif (folder / "config.json").exists():
         c = read_json(folder / "config.json")
         if c.get("model_type") != model_type:
             raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
                                   f"not {model_type}")
         cfg = from_config(c)
-        files = sorted(folder.glob("model*.safetensors"))
+        files = converted or sorted(folder.glob("model*.safetensors"))
     else:
         raise CheckpointError(f"{folder} has neither params.json nor config.json")
     if not files:

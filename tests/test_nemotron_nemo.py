@@ -15,9 +15,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_speech.convert.nemo import convert_nemo
 from mlx_speech.errors import CheckpointError
 from mlx_speech.models.nemotron_streaming import load
-from mlx_speech.models.nemotron_streaming.nemo import convert_nemo, read_state_dict
+from mlx_speech.models.nemotron_streaming.nemo import read_state_dict
 from mlx_speech.models.nemotron_streaming.weights import hf_name
 
 GOLDEN = Path(__file__).parent / "golden" / "nemotron"

@@ -8,6 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import MIMI_FILE, load_safetensors, read_json
 from ..asr import load_strict, raise_missing
@@ -48,7 +49,9 @@ def load(path_or_folder: str | os.PathLike, config: MimiConfig | dict | None = N
         config = found_cfg or {}
     cfg = config if isinstance(config, MimiConfig) else MimiConfig.from_dict(config)
     model = Mimi(cfg, num_codebooks=num_codebooks)
-    weights = remap(load_safetensors([file]), cfg)
+    weights = load_safetensors([file])
+    if not is_converted([file]):  # converted files are already in our names and layouts
+        weights = remap(weights, cfg)
     expected = {k for k, _ in tree_flatten(model.parameters())}
     raise_missing(expected, weights)
     extra = sorted(set(weights) - expected)

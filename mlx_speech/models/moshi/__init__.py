@@ -21,6 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
@@ -70,11 +71,13 @@ def weight_patterns(folder: Path) -> list[str]:
 
 def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
              dtype: mx.Dtype | None = None, quantize: int | None = None,
-             group_size: int = 64, expect: dict | None = None) -> LM:
+             group_size: int = 64, expect: dict | None = None,
+             converted: bool = False) -> LM:
     """An LM from Kyutai/PersonaPlex- or moshi_mlx-named tensors (quantized or not): strict,
     lazy (memory-mapped) loading; `quantize` bits (group `group_size`) quantizes on the fly,
-    consuming (emptying) `weights` so each full-precision tensor is freed once quantized."""
-    if is_moshi_mlx(weights):
+    consuming (emptying) `weights` so each full-precision tensor is freed once quantized.
+    `converted`: tensors already in our names (mlx_speech.convert's layout)."""
+    if not converted and is_moshi_mlx(weights):
         src, weights = weights, from_moshi_mlx(weights, rms=config.norm.startswith("rms"))
         if quantize is not None:
             src.clear()  # no second reference to the file's arrays
@@ -86,10 +89,11 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
             raise CheckpointError(f"{where}: config says dep_q={config.dep_q} but the weights "
                                   f"have {n} depformer heads")
     lm = LM(config, *gated_hidden(weights))
-    mapped = remap(weights, lm)
-    if quantize is not None:  # consumed: each tensor is freed once quantized
+    mapped = weights if converted else remap(weights, lm)
+    if quantize is not None and not converted:  # consumed: each tensor is freed once quantized
         weights.clear()
-    load_strict(lm, mapped, where, dtype, quantize, group_size, keep_high_precision, expect)
+    load_strict(lm, mapped, where, dtype, quantize, group_size, keep_high_precision,
+                None if converted else expect)
     return lm
 
 
@@ -223,7 +227,8 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
         paths[what] = p
     config = LmConfig.from_dict(files.lm)
     lm = build_lm(config, load_safetensors([paths["LM weights"]]), paths["LM weights"],
-                  dtype, quantize, group_size, kyutai_declared(files.moshi_name))
+                  dtype, quantize, group_size, kyutai_declared(files.moshi_name),
+                  converted=is_converted([paths["LM weights"]]))
     mimi_cfg = None
     if files.mimi_config_name:
         mimi_cfg = read_json(folder / files.mimi_config_name)

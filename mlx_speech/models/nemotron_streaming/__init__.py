@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
@@ -90,6 +91,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     quantizes a full-precision checkpoint on the fly, keeping `keep_high_precision`.
     """
     path = Path(path)
+    converted = False
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
         c = hf_config(nemo_config)
@@ -106,11 +108,14 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
             raise CheckpointError(f"no safetensors weights in {path}")
         tokenizer = _read_tokenizer(path)
         weights = load_safetensors(files)
+        converted = is_converted(files)  # already in our names
     config = NemotronStreamingConfig.from_hf(c)
     model = Model(config)
     params = dict(tree_flatten(model.parameters()))
     declared = None
-    if is_nemo_mlx(weights):  # an MLX export with NeMo names (possibly quantized)
+    if converted:
+        pass  # already in our names
+    elif is_nemo_mlx(weights):  # an MLX export with NeMo names (possibly quantized)
         weights = remap_nemo_mlx(weights, set(params))
         declared = quant.declared(c)
     else:

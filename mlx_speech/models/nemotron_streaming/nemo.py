@@ -5,7 +5,7 @@ A `.nemo` file is a tar (plain or gzip) holding `model_config.yaml`,
 artifacts named `<uuid>_tokenizer.model`. The state dict is read with
 `mlx_speech.torchfile`, which builds tensors and plain containers only and
 rejects any other pickled global. Keys are renamed to the transformers layout, so the
-rest of the loader (and `convert_nemo`'s output folder) is the HF path.
+rest of the loader is the HF path (`mlx_speech.convert.nemo` exports that folder).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _member(tar: tarfile.TarFile, pattern: str) -> tarfile.TarInfo | None:
     return None
 
 
-def read_nemo(path: str | Path) -> tuple[dict, dict[str, mx.array], bytes]:
-    """(model_config, transformers-named weights, tokenizer.model bytes)."""
+def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, mx.array], bytes]:
+    """(model_config, transformers-named weights ({} if not `weights`), tokenizer.model bytes)."""
     import yaml
 
     path = Path(path)
@@ -56,16 +56,16 @@ def read_nemo(path: str | Path) -> tuple[dict, dict[str, mx.array], bytes]:
             if tok_m is None:
                 raise CheckpointError(f"{path} has no SentencePiece tokenizer.model")
             config = yaml.safe_load(tar.extractfile(cfg_m).read())
-            raw = tar.extractfile(w_m).read()
+            raw = tar.extractfile(w_m).read() if weights else None
             tok = tar.extractfile(tok_m).read()
     except (tarfile.TarError, OSError, yaml.YAMLError) as e:
         raise CheckpointError(f"cannot read {path}: {e}") from None
-    weights = {}
-    for k, v in read_state_dict(raw).items():
+    out = {}
+    for k, v in (read_state_dict(raw) if weights else {}).items():
         name = hf_name(k)
         if name is not None:
-            weights[name] = v
-    return config, weights, tok
+            out[name] = v
+    return config, out, tok
 
 
 def hf_config(nemo: dict) -> dict:
@@ -113,17 +113,3 @@ def hf_config(nemo: dict) -> dict:
         },
         "supported_num_lookahead_tokens": [c[1] for c in ctx],
     }
-
-
-def convert_nemo(path: str | Path, out: str | Path) -> Path:
-    """Write a transformers-layout folder (config.json, model.safetensors,
-    tokenizer.model) that `load()` reads; tensors keep their torch layouts."""
-    import json
-
-    config, weights, tok = read_nemo(path)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(config), indent=2))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    (out / "tokenizer.model").write_bytes(tok)
-    return out

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
@@ -117,11 +118,14 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None
     config.layout = _weights_layout(raw, config.layout)
     model = Model(config)
     expected = {k for k, _ in tree_flatten(model.parameters())}
-    try:
-        weights = remap(raw, config, expected)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{folder}: {e}") from None
+    converted = is_converted(files)  # already in our names, dtypes and quantization
+    weights = raw
+    if not converted:
+        try:
+            weights = remap(raw, config, expected)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{folder}: {e}") from None
     del raw  # on-the-fly quantization frees each tensor once quantized
     load_strict(model, weights, folder, dtype, quantize, group_size, keep_high_precision,
-                quant.declared(folder / "config.json"))
+                None if converted else quant.declared(folder / "config.json"))
     return VoxtralRealtime(model, tokenizer, config)

@@ -10,6 +10,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...audio.clip import Audio
+from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, mistral_or_hf_layout
 from ...nn import quant
@@ -168,7 +169,9 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
     if not tek.exists():
         raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
     tokenizer = Tekken.from_file(tek)
-    weights, origin = remap(load_safetensors(files), config)
+    converted = is_converted(files)  # already in our names and dtypes
+    weights, origin = ((load_safetensors(files), "converted") if converted
+                       else remap(load_safetensors(files), config))
     try:  # table sizes come from the weights (tiny configs round differently)
         config.backbone.vocab_size = weights["tok_embeddings.weight"].shape[0]
         config.audio_table_rows = weights["audio_codebook_embeddings.embeddings.weight"].shape[0]
@@ -177,7 +180,8 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
     except KeyError as e:
         raise CheckpointError(f"{folder}: checkpoint is missing {e.args[0]!r}") from None
     model = Model(config)
-    check_keys(weights, origin, {k for k, _ in tree_flatten(model.parameters())})
+    if not converted:
+        check_keys(weights, origin, {k for k, _ in tree_flatten(model.parameters())})
     if dtype is not None:
         weights = {k: v if ".quantizer." in k or not mx.issubdtype(v.dtype, mx.floating)
                    else v.astype(dtype) for k, v in weights.items()}

@@ -1,6 +1,5 @@
-"""mlx_speech.convert: checkpoints into memory-mapped safetensors, no pickled code run.
+"""torch.save files and folders of them -> safetensors, no pickled code run.
 
-    mlx_speech.convert model.nemo out/                   # NeMo -> config.json + model.safetensors
     mlx_speech.convert voice.pt voice.safetensors        # one torch.save file
     mlx_speech.convert voice_embedding/ voices/          # every .pt in a folder
 
@@ -13,11 +12,10 @@ float32. Converting the same file twice gives identical bytes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from .errors import CheckpointError, MlxSpeechError
+from mlx_speech.errors import CheckpointError, MlxSpeechError
 
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 METADATA = {"format": "pt"}  # tensors keep torch's names and layouts
@@ -31,7 +29,7 @@ def torch_tensors(src: str | Path) -> dict:
     """The tensors of a torch.save file, by name: a bare tensor becomes "embedding"."""
     import mlx.core as mx
 
-    from .torchfile import flatten_tensors, load_torch
+    from mlx_speech.torchfile import flatten_tensors, load_torch
 
     obj = load_torch(src)
     if isinstance(obj, mx.array):
@@ -48,21 +46,24 @@ _ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int
               "complex64": "C64"}
 
 
-def save_safetensors(path: str | Path, tensors: dict) -> None:
+def save_safetensors(path: str | Path, tensors: dict, metadata: dict | None = None,
+                     progress=None) -> None:
     """Write a safetensors file atomically and byte-for-byte reproducibly.
 
     Keys are sorted, the header is compact JSON with fixed metadata, and every
     dtype MLX arrays hold is kept (mx.save_safetensors refuses float64).
+    Tensors are evaluated one at a time as they are written; `progress(nbytes)`
+    is called after each.
     """
     import json
 
     import mlx.core as mx
     import numpy as np
 
-    from .audio.io import atomic_output
+    from mlx_speech.audio.io import atomic_output
 
     names = sorted(tensors)
-    header: dict = {"__metadata__": METADATA}
+    header: dict = {"__metadata__": dict(METADATA if metadata is None else metadata)}
     start = 0
     for k in names:
         a = tensors[k]
@@ -79,8 +80,11 @@ def save_safetensors(path: str | Path, tensors: dict) -> None:
             f.write(len(blob).to_bytes(8, "little") + blob)
             for k in names:
                 a = tensors[k]
-                arr = np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
-                f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+                arr = np.asarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+                arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+                f.write(memoryview(arr).cast("B"))
+                if progress is not None:
+                    progress(a.nbytes)
 
 
 def convert_torch_file(src: Path, dst: Path) -> Path:
@@ -146,46 +150,9 @@ def convert_folder(src: Path, out: Path, *, progress: bool = True) -> list[Path]
     return written
 
 
-def convert(src: str | Path, out: str | Path, *, progress: bool = True) -> list[Path]:
-    """Convert `src` (a .nemo, a torch.save file or a folder of them) into `out`.
-
-    Returns the paths written (for .nemo: the output folder).
-    """
+def convert_torch(src: str | Path, out: str | Path, *, progress: bool = True) -> list[Path]:
+    """Convert a torch.save file or a folder of them into `out`; returns the paths written."""
     src, out = Path(src), Path(out)
-    if not src.exists():
-        raise MlxSpeechError(f"no such file or folder: {src}")
     if src.is_dir():
         return convert_folder(src, out, progress=progress)
-    if src.suffix == ".nemo":
-        from .models.nemotron_streaming.nemo import convert_nemo
-
-        return [convert_nemo(src, out)]
-    if src.suffix in TORCH_SUFFIXES:
-        return [convert_torch_file(src, _file_target(src, out))]
-    raise MlxSpeechError(f"don't know how to convert {src.name} (supported: .nemo, "
-                         f"{', '.join(TORCH_SUFFIXES)}, or a folder of those)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="mlx_speech.convert", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", help="checkpoint to convert: .nemo, .pt/.pth/.ckpt/.bin, or a folder")
-    p.add_argument("out", help="output: a folder, or a .safetensors file for one torch file")
-    args = p.parse_args(argv)
-    try:
-        written = convert(args.src, args.out)
-    except MlxSpeechError as e:
-        log(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    if len(written) == 1:
-        log(f"wrote {written[0]}")
-    else:
-        log(f"wrote {len(written)} files to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return [convert_torch_file(src, _file_target(src, out))]

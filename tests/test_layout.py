@@ -1,0 +1,54 @@
+"""Packaging: top-level source folders (convert/) install as mlx_speech subpackages; the model
+loaders never import the converter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_pyproject_lists_every_package():
+    st = _pyproject()
+    mapped = st.get("package-dir", {})
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "mlx_speech").rglob("__init__.py")}
+    for name, folder in mapped.items():
+        found |= {".".join((name, *p.parent.relative_to(ROOT / folder).parts))
+                  for p in (ROOT / folder).rglob("__init__.py")}
+    missing, extra = sorted(found - set(st["packages"])), sorted(set(st["packages"]) - found)
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
+    assert not extra, f"pyproject.toml lists packages with no __init__.py: {extra}"
+
+
+def test_source_tree_map_matches_pyproject():
+    from mlx_speech._subpackages import SOURCE_TREE
+
+    assert _pyproject().get("package-dir", {}) == SOURCE_TREE
+
+
+def test_convert_is_imported_from_the_top_level_folder():
+    import mlx_speech.convert
+
+    assert Path(mlx_speech.convert.__file__).resolve() == ROOT / "convert" / "__init__.py"
+    assert not (ROOT / "mlx_speech" / "convert.py").exists()
+    r = subprocess.run([sys.executable, "-m", "mlx_speech.convert", "--help"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "converted layout" in r.stdout, r.stderr
+
+
+def test_loading_never_imports_the_converter():
+    code = ("import sys, mlx_speech; m = mlx_speech.load('tests/golden/nemotron');"
+            "print(sorted(k for k in sys.modules if k.split('.')[:2] == ['mlx_speech', 'convert']"
+            " or k == 'convert'), m.config.encoder.hidden_size > 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout.strip() == "[] True", r.stderr
