@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...text.spm import SentencePieceDecoder
-from ..asr import Word, load_strict, transcribe_with
+from ..asr import StreamingASR, Word, load_strict, transcribe_with
 from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
@@ -33,8 +33,9 @@ def weight_patterns(folder: Path) -> list[str]:
     return HF_FILES
 
 
-class NemotronStreaming:
-    """A loaded model; any number of sessions can share it."""
+class NemotronStreaming(StreamingASR):
+    """A loaded model; any number of sessions can share it (`feed_many` steps them
+    together)."""
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
@@ -51,6 +52,12 @@ class NemotronStreaming:
         `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
         """
         return Session(self, latency_ms)
+
+    def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
+        return [s._feed(x) for s, x in zip(sessions, audios, strict=True)]
+
+    def _finish_batch(self, sessions: list[Session]) -> list[str]:
+        return [s._finish() for s in sessions]
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from ...audio.io import check_audio
-from ...errors import MlxSpeechError
 from ...text.spm import StreamingDecoder
 from .. import asr
 from ..asr import Word, group_words
@@ -118,13 +116,18 @@ class Session:
 
     def feed(self, samples: np.ndarray) -> str:
         """Append 16 kHz mono samples; returns the text decoded since the last call."""
-        if self.finished:
-            raise MlxSpeechError("session already finished; start a new one")
-        mel = self.mel.feed(check_audio(samples))
-        return self._run(mel) if len(mel) else ""
+        return self.owner.feed_many([(self, samples)])[0]
 
     def finish(self) -> str:
         """End of audio: flush the last frames exactly as offline and the text."""
+        return self.owner.finish_many([self])[0]
+
+    # -- stepping (driven by the owner's feed_many / finish_many) ---------------
+    def _feed(self, x: np.ndarray) -> str:
+        mel = self.mel.feed(x)
+        return self._run(mel) if len(mel) else ""
+
+    def _finish(self) -> str:
         if self.finished:
             return ""
         self.finished = True

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from ...errors import CheckpointError
 from ...hub import load_safetensors, mistral_or_hf_layout
 from ...text.tekken import Tekken
-from ..asr import Transcript, Word, load_strict, transcribe_with
+from ..asr import StreamingASR, Transcript, Word, load_strict, transcribe_with
 from .config import VoxtralRealtimeConfig
 from .model import Model
 from .session import Session
@@ -29,8 +29,9 @@ def weight_patterns(folder: Path) -> list[str]:
     return MISTRAL_FILES if (Path(folder) / "params.json").exists() else HF_FILES
 
 
-class VoxtralRealtime:
-    """A loaded model; any number of sessions can share it."""
+class VoxtralRealtime(StreamingASR):
+    """A loaded model; any number of sessions can share it (`feed_many` steps them
+    together)."""
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -42,6 +43,12 @@ class VoxtralRealtime:
     def session(self, delay_ms: int | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`."""
         return Session(self, delay_ms)
+
+    def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
+        return [s._feed(x) for s, x in zip(sessions, audios, strict=True)]
+
+    def _finish_batch(self, sessions: list[Session]) -> list[str]:
+        return [s._finish() for s in sessions]
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    delay_ms: int | None = None,

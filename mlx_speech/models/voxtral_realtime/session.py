@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from ...audio.io import check_audio
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
@@ -151,16 +150,20 @@ class Session:
     # -- public API -----------------------------------------------------------
     def feed(self, samples: np.ndarray) -> str:
         """Append 16 kHz mono samples; returns the text decoded since the last call."""
-        if self.finished:
-            raise MlxSpeechError("session already finished; start a new one")
-        x = check_audio(samples)
+        return self.owner.feed_many([(self, samples)])[0]
+
+    def finish(self) -> str:
+        """End of audio: pad with silence exactly as offline does and flush the text."""
+        return self.owner.finish_many([self])[0]
+
+    # -- stepping (driven by the owner's feed_many / finish_many) ---------------
+    def _feed(self, x: np.ndarray) -> str:
         self.n_samples += len(x)
         if len(x) and not self.done:  # after EOS the audio is not needed
             self._ingest(self.mel.feed(x))
         return "" if self.done else self._decode(self._n_audio)
 
-    def finish(self) -> str:
-        """End of audio: pad with silence exactly as offline does and flush the text."""
+    def _finish(self) -> str:
         if self.finished:
             return ""
         self.finished = True
