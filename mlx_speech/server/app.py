@@ -223,6 +223,9 @@ def create_app(served: Served) -> FastAPI:
             seed = secrets.randbelow(2**31)
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise _http_error(400, "seed must be a non-negative integer", param="seed")
+        max_frames = body.get("max_frames")
+        if max_frames is not None and (not isinstance(max_frames, int) or max_frames <= 0):
+            raise _http_error(400, "max_frames must be a positive integer", param="max_frames")
         # pcm, wav and opus stream as frames are decoded (the first audio after 4 frames);
         # mp3 and flac need the whole clip: made with generate()'s chunking, same samples
         streaming = stream_format == "sse" or fmt in ("pcm", "wav", "opus")
@@ -231,7 +234,8 @@ def create_app(served: Served) -> FastAPI:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         job = served.engine.open_speech(
-            lambda: model.stream(text, voice=voice, seed=seed, **chunking), AsyncSink(q, loop))
+            lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
+                                 **chunking), AsyncSink(q, loop))
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if stream_format == "sse":
