@@ -455,7 +455,10 @@ def test_kyutai_protocol_equals_session_step(srv, models):
                 await ws.send(b"\x01" + p)
             audio, text = b"", ""
             while len(audio) < len(want_audio) or len(text) < len(want_text):
-                m = await ws.recv()
+                try:
+                    m = await asyncio.wait_for(ws.recv(), 5.0)
+                except asyncio.TimeoutError:
+                    break  # the server sent less than expected
                 assert m[:1] in (b"\x01", b"\x02"), m
                 if m[:1] == b"\x01":
                     audio += m[1:]
