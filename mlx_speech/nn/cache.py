@@ -174,7 +174,10 @@ class RingBatch:
     def gather(cls, rows: list[RingRow], step: int = 256) -> RingBatch:
         """The batch holding exactly `rows` (in order): reused when it exists, else
         built from the rows' current homes (one copy, only when the set changes)."""
-        h = rows[0].home
+        r0 = rows[0]
+        if any((r.window, r.max_chunk) != (r0.window, r0.max_chunk) for r in rows):
+            raise ValueError("rows of one RingBatch need the same window and max_chunk")
+        h = r0.home
         if (h is not None and len(h.rows) == len(rows)
                 and all(r.home is h and r.index == i for i, r in enumerate(rows))):
             return h

@@ -20,11 +20,13 @@ ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
 CLEAR_CACHE_EVERY = 256
 
 
+MAX_DELAY_MS = 2400
+
+
 def delay_tokens(delay_ms: int) -> int:
-    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= 2400:
-        raise MlxSpeechError(
-            f"delay must be a multiple of {FRAME_MS} ms between 80 and 2400, got {delay_ms}"
-        )
+    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= MAX_DELAY_MS:
+        raise MlxSpeechError(f"delay must be a multiple of {FRAME_MS} ms between 80 and "
+                             f"{MAX_DELAY_MS}, got {delay_ms}")
     return delay_ms // FRAME_MS
 
 
@@ -52,7 +54,9 @@ class Session:
         room = (enc.max_position - enc.sliding_window) // frames_per_token
         self.enc_chunk_tokens = max(1, min(ENCODER_CHUNK_TOKENS, room))
         self.enc_state = self.model.make_encoder_state(self.enc_chunk_tokens * frames_per_token)
-        self.dec_cache = self.model.make_decoder_cache(len(self.prompt))
+        # one ring size for every delay, so sessions with different delays share steps
+        longest_prompt = 1 + a.n_left_pad_tokens + MAX_DELAY_MS // FRAME_MS
+        self.dec_cache = self.model.make_decoder_cache(longest_prompt)
         self.ffn_scales = self.model.ffn_scales(self.n_delay)
         self.mel = StreamingLogMel(LogMel(a.sample_rate, a.n_fft, a.hop, a.n_mels,
                                           a.log_mel_max))
