@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import mlx_speech
 from mlx_speech.errors import MlxSpeechError
 from mlx_speech.models.nemotron_streaming import load as load_nemotron
-from tests.conftest import speechlike
+from tests.conftest import make_voxtral_checkpoint, speechlike
 
 NEMOTRON = Path(__file__).parent / "golden" / "nemotron"
 
@@ -59,12 +60,74 @@ def _check(owner, specs):
         assert text.strip() == ref.text.strip()
 
 
-def test_voxtral_feed_many_equals_alone(vr_model):
-    specs = [(speechlike(2.9, seed=1), [1280], 0, {}),
+def _batch_sizes(monkeypatch, model) -> list[int]:
+    """Record the batch size of every decoder forward."""
+    sizes: list[int] = []
+    hidden = type(model).hidden
+
+    def spy(self, tokens, *a, **k):
+        sizes.append(tokens.shape[0])
+        return hidden(self, tokens, *a, **k)
+
+    monkeypatch.setattr(type(model), "hidden", spy)
+    return sizes
+
+
+def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
+    # different audio, chunkings, delays (prompt lengths), a late joiner, one ending early;
+    # 3-4 s cross the tiny decoder's 30-position window
+    specs = [(speechlike(3.9, seed=1), [1280], 0, {}),
              (speechlike(1.3, seed=2), [777, 3000], 0, {"delay_ms": 160}),
-             (speechlike(2.2, seed=3), [4000, 1, 2561], 3, {}),
-             (speechlike(1.7, seed=4), [160], 1, {"delay_ms": 960})]
-    _check(vr_model, specs)
+             (speechlike(3.2, seed=3), [4000, 1, 2561], 3, {"delay_ms": 960}),
+             (speechlike(3.4, seed=4), [1280, 160], 1, {"delay_ms": 160})]
+    sizes = _batch_sizes(monkeypatch, vr_model.model)
+    sessions, texts = _drive(vr_model, specs)
+    assert max(sizes) == 4 and sum(b > 1 for b in sizes) >= 20  # really batched
+    monkeypatch.undo()
+    for (audio, _, _, kw), s, text in zip(specs, sessions, texts, strict=True):
+        ref = vr_model.transcribe(audio, **kw)
+        assert s.token_ids == ref.token_ids
+        assert text.strip() == ref.text
+
+
+def test_voxtral_batched_reanchoring(tmp_path, vr_model):
+    """Limits just above window + chunk: rows re-anchor at different steps."""
+    small = mlx_speech.load(make_voxtral_checkpoint(
+        tmp_path / "small", "mistral", model_max_length=80,
+        **{"multimodal/whisper_model_args/encoder_args/max_source_positions": 28}))
+    audios = [speechlike(6.0, seed=2), speechlike(5.0, seed=7), speechlike(4.0, seed=8)]
+    sessions = [small.session(), small.session(delay_ms=160), small.session()]
+    starts = [0, 7, 12]
+    for tick in range(90):
+        pairs = [(s, a[(tick - t0) * 1280: (tick - t0 + 1) * 1280])
+                 for s, a, t0 in zip(sessions, audios, starts, strict=True)
+                 if tick >= t0 and not s.finished]
+        small.feed_many(pairs)
+        for s in sessions:
+            assert s.dec_cache[0].rope_offset <= 80 and s.enc_state.kv[0].rope_offset <= 28
+    small.finish_many(sessions)
+    for s, a in zip(sessions, audios, strict=True):
+        assert s.dec_cache[0].shift > 0 and s.enc_state.kv[0].shift > 0
+        assert s.token_ids == vr_model.transcribe(a, delay_ms=s.delay_ms).token_ids
+
+
+def test_voxtral_batched_work_is_flat(vr_model):
+    """Tick 60 and tick 300 of a 3-session batch hold the same state."""
+    sessions = [vr_model.session(), vr_model.session(delay_ms=160), vr_model.session()]
+    for s in sessions:
+        s.eos = -1  # random weights may emit EOS; this test needs endless sessions
+    chunks = [speechlike(0.08, seed=k) for k in range(3)]
+    seen = {}
+    for tick in range(1, 301):
+        vr_model.feed_many([(s, c) for s, c in zip(sessions, chunks, strict=True)
+                            if tick > 5 or s is not sessions[2]])  # one joins late
+        if tick in (60, 300):
+            seen[tick] = [(sum(a.size for r in s.dec_cache + s.enc_state.kv for a in r.state),
+                           len(s._audio), len(s._mel_todo), s.dec_cache[0].home.keys.shape)
+                          for s in sessions]
+    assert seen[60] == seen[300]
+    assert sessions[0].dec_cache[0].home is sessions[2].dec_cache[0].home  # one batch
+    assert all(len(s.token_ids) > 250 for s in sessions)
 
 
 def test_nemotron_feed_many_equals_alone(nm):

@@ -13,6 +13,7 @@ from ...errors import CheckpointError
 from ...hub import load_safetensors, mistral_or_hf_layout
 from ...text.tekken import Tekken
 from ..asr import StreamingASR, Transcript, Word, load_strict, transcribe_with
+from . import batch
 from .config import VoxtralRealtimeConfig
 from .model import Model
 from .session import Session
@@ -35,6 +36,8 @@ class VoxtralRealtime(StreamingASR):
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
+        self._steps = 0  # batched decoder steps, for periodic mx.clear_cache
 
     @property
     def sample_rate(self) -> int:
@@ -45,10 +48,10 @@ class VoxtralRealtime(StreamingASR):
         return Session(self, delay_ms)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
-        return [s._feed(x) for s, x in zip(sessions, audios, strict=True)]
+        return batch.feed_batch(self, sessions, audios)
 
     def _finish_batch(self, sessions: list[Session]) -> list[str]:
-        return [s._finish() for s in sessions]
+        return batch.finish_batch(self, sessions)
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    delay_ms: int | None = None,
