@@ -469,3 +469,50 @@ def test_kyutai_protocol_equals_session_step(srv, models):
     audio, text = run(talk())
     assert len(want_audio) > 0
     assert audio == want_audio and text == want_text
+
+
+# ------------------------------------------------------------------ command line
+
+
+def test_command_line(monkeypatch, capsys, tmp_path):
+    import subprocess
+    import sys
+
+    import uvicorn
+
+    from mlx_speech import cli
+    from mlx_speech import server as srv_mod
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, mlx_speech, mlx_speech.server, mlx_speech.cli; print([m for m in "
+            "('fastapi', 'uvicorn', 'starlette', 'websockets', 'openai') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert r.stdout.strip() == "[]", r.stderr
+    r = subprocess.run([sys.executable, "-m", "mlx_speech.server", "--help"],
+                       capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0 and "--allowed-origin" in r.stdout
+    with pytest.raises(SystemExit):
+        cli.main(["server", "--help"])
+    assert "--api-key" in capsys.readouterr().out
+
+    seen = {}
+    nm = mlx_speech.load(GOLDEN / "nemotron")
+
+    def fake_load(path, **kw):
+        seen[path] = kw
+        return nm
+
+    def fake_run(app, host, port, **kw):
+        seen["bind"] = (host, port)
+
+    monkeypatch.setattr(mlx_speech, "load", fake_load)
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "8123"]) == 0
+    assert seen["a/b"] == {"quantize": 4} and seen["bind"] == ("127.0.0.1", 8123)
+    assert "warning" not in capsys.readouterr().err
+    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0"]) == 0
+    assert "warning: listening on 0.0.0.0 without --api-key" in capsys.readouterr().err
+    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert srv_mod.main(["--model", "m", "--model", "m"]) == 1
+    assert "given twice" in capsys.readouterr().err

@@ -248,8 +248,12 @@ class OpenAIConnection(_Connection):
         self.prev: str | None = None
         self.resampler: StreamingResampler | None = None
         self.session_id = f"sess_{secrets.token_hex(12)}"
-        with contextlib.suppress(ModelNotFound):  # the only ASR model, when there is one
-            self.model_id, self.model = self.served.find(None, "asr")
+        self.bad_model: str | None = None
+        try:  # ?model=..., else the only ASR model when there is one
+            self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
+        except ModelNotFound as e:
+            if ws.query_params.get("model"):
+                self.bad_model = str(e)
 
     def _event_id(self) -> str:
         return f"event_{secrets.token_hex(8)}"
@@ -264,6 +268,8 @@ class OpenAIConnection(_Connection):
     def hello(self) -> None:
         self.send({"type": "session.created", "event_id": self._event_id(),
                    "session": self.session_object()})
+        if self.bad_model:
+            self.error("model_not_found", self.bad_model)
 
     def error(self, code: str, message: str, event_id: str | None = None) -> None:
         self.send({"type": "error", "event_id": self._event_id(),
