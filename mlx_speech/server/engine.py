@@ -292,7 +292,8 @@ class Engine:
         for s in streams:
             if s.end_requested and not s.input.pending and not s.finished and not s.closed:
                 groups.setdefault(id(s.owner), []).append(s)
-        for b in groups.values():
+        batches = [b for g in groups.values() for b in ([g] if self.batch else [[s] for s in g])]
+        for b in batches:
             try:
                 texts = b[0].owner.finish_many([s.session for s in b])
             except Exception as e:
