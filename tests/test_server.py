@@ -372,11 +372,16 @@ def test_fault_cases_then_still_correct(srv, models, client):
                                               ).text == models["nm"].transcribe(x).text
 
 
-def test_model_step_failure_is_an_error_event(srv, models, monkeypatch):
+def test_model_step_failure_is_an_error_event(srv, models, client, monkeypatch):
     def boom(pairs):
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(models["nm"], "feed_many", boom)
+    f = ("a.wav", wav_bytes(speechlike(0.5)))
+    with pytest.raises(openai.InternalServerError, match="out of memory"):
+        client.audio.transcriptions.create(model="nm", file=f)
+    with pytest.raises(openai.APIError, match="model step failed: out of memory"):
+        list(client.audio.transcriptions.create(model="nm", file=f, stream=True))  # SSE error
     with pytest.raises(AssertionError, match="model step failed: out of memory.*processing_error"):
         run(vllm_client(srv, "nm", pcm16(speechlike(0.5))))
     monkeypatch.undo()

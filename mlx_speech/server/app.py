@@ -32,7 +32,7 @@ def error_body(message: str, type_: str = "invalid_request_error", code: str | N
 
 def _http_error(status: int, message: str, code: str | None = None, param: str | None = None):
     type_ = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-             503: "server_error"}.get(status, "invalid_request_error")
+             500: "server_error", 503: "server_error"}.get(status, "invalid_request_error")
     return HTTPException(status, error_body(message, type_, code, param))
 
 
@@ -315,6 +315,11 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def _sse_error(ev) -> str:
+    """An engine ("error", code, message) event as an SSE error event."""
+    return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
+
+
 async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
     text = TextDeltas()
     try:
@@ -332,8 +337,7 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
                 yield "data: [DONE]\n\n"
                 return
             else:
-                yield _sse({"type": "error", "error": error_body(ev[2], "server_error",
-                                                                 ev[1])["error"]})
+                yield _sse_error(ev)
                 return
     finally:
         s.close()
@@ -443,8 +447,7 @@ async def _sse_speech(q: asyncio.Queue, job):
                                       "total_tokens": n // 1920}})
                 return
             else:
-                yield _sse({"type": "error", "error": error_body(ev[2], "server_error",
-                                                                 ev[1])["error"]})
+                yield _sse_error(ev)
                 return
     finally:
         job.close()
