@@ -394,7 +394,17 @@ def test_model_step_failure_is_an_error_event(srv, models, client, monkeypatch):
 def test_engine_death_fails_open_sessions_and_health(models):
     """A dead engine thread: every open session gets an error event, /health is 503 and new
     requests are refused, instead of clients hanging (vLLM's and mlx-lm's failures)."""
-    with ServerThread({"nm": models["nm"]}) as s:
+    with ServerThread({"nm": models["nm"]}, idle_timeout_s=0.5) as s:
+        async def idle():  # a client that sends nothing (and has no turn in flight)
+            async with websockets.connect(s.ws + "/v1/realtime") as ws:
+                await ws.recv()
+                ev = json.loads(await ws.recv())
+                with pytest.raises(websockets.exceptions.ConnectionClosed):
+                    await ws.recv()
+                return ev
+
+        assert run(idle())["code"] == "idle_timeout"
+
         async def scenario():
             async with websockets.connect(s.ws + "/v1/realtime") as ws:
                 await ws.recv()
@@ -404,6 +414,7 @@ def test_engine_death_fails_open_sessions_and_health(models):
                 while not s.engine._streams:
                     assert time.time() - t0 < 10
                     await asyncio.sleep(0.02)
+                await asyncio.sleep(1.0)  # idle, but a turn is in flight: no timeout
 
                 def die():
                     raise MemoryError("allocation failed")
