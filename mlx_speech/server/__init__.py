@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "loopback pages only)")
     p.add_argument("--max-upload-mb", type=float, default=200.0,
                    help="largest request body in MB (default 200); larger is a 413")
-    p.add_argument("--max-buffer-s", type=float, default=10.0,
+    p.add_argument("--max-buffer-s", type=float, default=60.0,
                    help="seconds of audio a live stream may queue before buffer_full")
     p.add_argument("--idle-timeout-s", type=float, default=300.0,
                    help="close a WebSocket after this long without client events")
@@ -70,7 +70,7 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
 
 def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
-             max_buffer_s: float = 10.0, idle_timeout_s: float = 300.0, batch: bool = True):
+             max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`)."""
     from .app import create_app
     from .common import Served

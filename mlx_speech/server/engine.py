@@ -145,7 +145,7 @@ class SpeechJob:
 class Engine:
     """Owns the models' MLX work on one thread. Create, `start()`, then open streams."""
 
-    def __init__(self, batch: bool = True, max_buffer_s: float = 10.0):
+    def __init__(self, batch: bool = True, max_buffer_s: float = 60.0):
         self.batch = batch
         self.max_buffer_s = max_buffer_s
         self.failed: str | None = None
