@@ -130,12 +130,45 @@ def test_voxtral_batched_work_is_flat(vr_model):
     assert all(len(s.token_ids) > 250 for s in sessions)
 
 
+def _encoder_batches(monkeypatch, model) -> list[int]:
+    sizes: list[int] = []
+    call = type(model.encoder).__call__
+
+    def spy(self, mel, *a, **k):
+        sizes.append(mel.shape[0])
+        return call(self, mel, *a, **k)
+
+    monkeypatch.setattr(type(model.encoder), "__call__", spy)
+    return sizes
+
+
 def test_nemotron_feed_many_equals_alone(nm):
+    # mixed modes and chunkings: grouped by state shape inside each feed_many
     specs = [(speechlike(2.9, seed=1), [1280], 0, {}),
              (speechlike(1.3, seed=2), [777, 3000], 0, {"latency_ms": 160}),
              (speechlike(2.2, seed=3), [4000, 1, 2561], 3, {"latency_ms": 80}),
              (speechlike(1.7, seed=4), [160], 1, {})]
-    _check(nm, specs)
+    sessions, texts = _drive(nm, specs)
+    for (audio, _, _, kw), s, text in zip(specs, sessions, texts, strict=True):
+        ref = nm.transcribe(audio, **kw)
+        assert s.token_ids == ref.token_ids and s.frames == ref.frames
+        assert text == ref.text
+    assert sum(len(s.token_ids) for s in sessions) > 20
+
+
+def test_nemotron_live_sessions_joining_late(nm, monkeypatch):
+    """80 ms frames per tick, staggered joins: caches at different fill levels share
+    encoder calls (left-padded, masked)."""
+    starts, secs = [0, 3, 7, 12, 20], [3.0, 2.5, 1.2, 2.8, 1.5]
+    specs = [(speechlike(t, seed=10 + k), [1280], t0, {"latency_ms": 160})
+             for k, (t0, t) in enumerate(zip(starts, secs, strict=True))]
+    sizes = _encoder_batches(monkeypatch, nm.model)
+    sessions, _ = _drive(nm, specs)
+    assert max(sizes) >= 3
+    monkeypatch.undo()
+    for (audio, _, _, kw), s in zip(specs, sessions, strict=True):
+        ref = nm.transcribe(audio, **kw)
+        assert s.token_ids == ref.token_ids and s.frames == ref.frames
 
 
 def test_feed_many_input_errors(vr_model, nm):

@@ -37,8 +37,7 @@ def _signature(s: Session, n_mel: int, final: bool) -> tuple:
     """Sessions with equal signatures have equally shaped encoder state."""
     st = s.enc_state
     return (n_mel, final, st.right_context, tuple(_len(c.buf) for c in st.subsampling),
-            _len(st.pending), st.kv[0].length, st.offset % (st.right_context + 1),
-            _len(st.conv[0].tail))
+            _len(st.pending), st.offset % (st.right_context + 1))
 
 
 def _cat(arrays: list[mx.array | None]) -> mx.array | None:
@@ -56,33 +55,61 @@ def _stack_encoder(states: list[EncoderState]) -> EncoderState:
         c = StridedConvCache()
         c.buf = _cat([st.subsampling[j].buf for st in states])
         sub.append(c)
+    lengths = [st.kv[0].length for st in states]
+    n = max(lengths)
     kv = []
     for j in range(len(s0.kv)):
         c = ContextKVCache(s0.kv[j].size)
-        c.keys = _cat([st.kv[j].keys for st in states])
-        c.values = _cat([st.kv[j].values for st in states])
+        if n:  # left-pad shorter caches (masked in the encoder): keys stay time-ordered
+            like = next(st.kv[j] for st in states if st.kv[j].length == n)
+            c.keys, c.values = (
+                _cat([_left_pad(getattr(st.kv[j], name), getattr(like, name), n)
+                      for st in states]) for name in ("keys", "values"))
         kv.append(c)
     conv = []
     for j in range(len(s0.conv)):
         c = ConvCache()
-        c.tail = _cat([st.conv[j].tail for st in states])
+        c.tail = _cat(_fill_fresh([st.conv[j].tail for st in states]))
         conv.append(c)
     return EncoderState(s0.right_context, sub, kv, conv, _cat([st.pending for st in states]),
-                        s0.offset, s0.pos_shape, s0.pos_keys)
+                        s0.offset, s0.pos_shape, s0.pos_keys,
+                        lengths if any(k != n for k in lengths) else None)
+
+
+def _left_pad(a: mx.array | None, like: mx.array, n: int) -> mx.array:
+    """(1, H, k, D) -> (1, H, n, D) with zeros in front (a None cache: all zeros)."""
+    if a is None:
+        return mx.zeros_like(like[:1])
+    if a.shape[2] == n:
+        return a
+    return mx.pad(a, [(0, 0), (0, 0), (n - a.shape[2], 0), (0, 0)])
+
+
+def _fill_fresh(tails: list[mx.array | None]) -> list[mx.array | None]:
+    """Conv tails of streams not started yet are zeros, as ConvCache starts."""
+    have = [t for t in tails if t is not None]
+    if not have or len(have) == len(tails):
+        return tails
+    zero = mx.zeros_like(have[0])
+    return [zero if t is None else t for t in tails]
 
 
 def _row(a: mx.array | None, i: int) -> mx.array | None:
     return None if a is None else a[i: i + 1]
 
 
-def _split_encoder(b: EncoderState, states: list[EncoderState]) -> None:
+def _split_encoder(b: EncoderState, states: list[EncoderState], offset: int) -> None:
     if len(states) == 1:
         return
+    n = b.offset - offset  # frames through the layers in this call, every row
     for i, st in enumerate(states):
         for c, bc in zip(st.subsampling, b.subsampling, strict=True):
             c.buf = _row(bc.buf, i)
+        keep = min(st.kv[0].size, st.kv[0].length + n)  # this row's real frames
         for c, bc in zip(st.kv, b.kv, strict=True):
-            c.keys, c.values = _row(bc.keys, i), _row(bc.values, i)
+            if bc.keys is not None and keep:
+                k0 = bc.keys.shape[2] - keep
+                c.keys, c.values = bc.keys[i: i + 1, :, k0:], bc.values[i: i + 1, :, k0:]
         for c, bc in zip(st.conv, b.conv, strict=True):
             c.tail = _row(bc.tail, i)
         st.pending, st.offset = _row(b.pending, i), b.offset
@@ -162,10 +189,11 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
           final: bool) -> list[str]:
     m = owner.model
     st = _stack_encoder([s.enc_state for s in group])
+    offset = st.offset
     chunk = mx.array(np.stack(mels)).astype(m.dtype)
     x = m.encoder_projector(m.encoder(chunk, state=st, final=final))
     mx.eval(x, st.arrays())
-    _split_encoder(st, [s.enc_state for s in group])
+    _split_encoder(st, [s.enc_state for s in group], offset)
     if x.shape[1] == 0:
         return [""] * len(group)
     toks, where, dec = greedy_decode(m, x, _stack_decoder([s.dec_state for s in group]))
