@@ -532,3 +532,13 @@ def test_command_line(monkeypatch, capsys, tmp_path):
     assert "warning" not in capsys.readouterr().err
     assert srv_mod.main(["--model", "m", "--model", "m"]) == 1
     assert "given twice" in capsys.readouterr().err
+
+
+def test_text_deltas_join_to_the_final_text():
+    from mlx_speech.server.common import TextDeltas
+
+    t = TextDeltas()
+    parts = [t.add(x) for x in [" ", " Hello", " ", "wor", "ld  ", "\n"]]
+    assert parts == ["", "Hello", "", " wor", "ld", ""]
+    assert t.final("Hello world.") == "."
+    assert "".join(parts) + "." == "Hello world."
