@@ -365,6 +365,20 @@ def test_fault_cases_then_still_correct(srv, models, client):
         client.audio.transcriptions.create(model="nm", file=("big.wav", wav_bytes(
             np.zeros(MAX_UPLOAD // 4 + 100, np.float32))))
     assert e.value.status_code == 413
+
+    def chunked():  # no Content-Length: counted as it is read
+        body = wav_bytes(np.zeros(MAX_UPLOAD // 4 + 100, np.float32))
+        head = (b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nnm\r\n--b\r\n"
+                b"Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+                b"Content-Type: audio/wav\r\n\r\n")
+        yield head
+        for i in range(0, len(body), 65536):
+            yield body[i:i + 65536]
+        yield b"\r\n--b--\r\n"
+
+    r = httpx.post(srv.base + "/v1/audio/transcriptions", content=chunked(), headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "multipart/form-data; boundary=b"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     # still healthy and correct
     assert httpx.get(srv.base + "/health").status_code == 200
     x = speechlike(1.5, seed=9)

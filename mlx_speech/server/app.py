@@ -95,12 +95,36 @@ class Guard:
             return await _send_json(send, 401, error_body(
                 "missing or wrong API key (send Authorization: Bearer KEY)",
                 "authentication_error", "invalid_api_key"))
+        limit = self.served.max_upload_bytes
+        too_large = error_body(f"the request body is over the limit of {limit} bytes",
+                               code="request_too_large")
         length = headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.served.max_upload_bytes:
-            return await _send_json(send, 413, error_body(
-                f"request body of {int(length)} bytes is over the limit of "
-                f"{self.served.max_upload_bytes} bytes", code="request_too_large"))
-        return await self.app(scope, receive, send)
+        if length and length.isdigit() and int(length) > limit:
+            return await _send_json(send, 413, too_large)
+        # no (honest) Content-Length, e.g. chunked: count while the app reads; past the limit
+        # the app sees a disconnect, its answer is dropped and the client gets the 413
+        seen, over, started = 0, False, False
+
+        async def counted_receive():
+            nonlocal seen, over
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def guarded_send(msg):
+            nonlocal started
+            if over:
+                return
+            started = True
+            await send(msg)
+
+        await self.app(scope, counted_receive, guarded_send)
+        if over and not started:
+            await _send_json(send, 413, too_large)
 
 
 async def _send_json(send, status: int, body: dict) -> None:
