@@ -556,3 +556,17 @@ def test_text_deltas_join_to_the_final_text():
     assert parts == ["", "Hello", "", " wor", "ld", ""]
     assert t.final("Hello world.") == "."
     assert "".join(parts) + "." == "Hello world."
+
+
+def test_kyutai_protocol_errors(srv):
+    async def talk(query):
+        async with websockets.connect(srv.ws + "/api/chat" + query, additional_headers={
+                "Authorization": f"Bearer {KEY}"}) as ws:
+            return await ws.recv()
+
+    # a role prompt on a Kyutai model is refused by the session (made on the engine thread)
+    assert run(talk("?role=tutor")) == (b"\x05voice and role prompts need a PersonaPlex "
+                                         b"checkpoint")
+    assert run(talk("?model=nm")).startswith(b"\x05model 'nm' is a speech-to-text model")
+    assert run(talk("?seed=x")) == b"\x05seed must be a non-negative integer"
+    assert httpx.get(srv.base + "/health").status_code == 200
