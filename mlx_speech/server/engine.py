@@ -17,7 +17,6 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 
 import numpy as np
 
@@ -152,7 +151,6 @@ class Engine:
         self._wake = threading.Event()
         self._stop = False
         self._new: collections.deque = collections.deque()  # streams and jobs to adopt
-        self._calls: collections.deque = collections.deque()  # (fn, Future) run on the thread
         self._streams: list = []
         self._thread = threading.Thread(target=self._run, name="mlx_speech-engine", daemon=True)
         self.ticks = 0
@@ -177,22 +175,11 @@ class Engine:
         self._wake.set()
 
     # -- the I/O side's API (any thread) -------------------------------------------
-    def call(self, fn: Callable[[], object]) -> Future:
-        """Run `fn()` on the engine thread (e.g. to make a session); a Future of its result."""
-        f: Future = Future()
-        if self.failed is not None:
-            f.set_exception(RuntimeError(f"engine failed: {self.failed}"))
-            return f
-        self._calls.append((fn, f))
-        self.wake()
-        return f
-
     def _adopt(self, item):
-        if self.failed is not None:
+        self._new.append(item)
+        self.wake()
+        if self.failed is not None:  # checked after queueing: no race with a dying engine
             item.fail("processing_error", f"engine failed: {self.failed}")
-        else:
-            self._new.append(item)
-            self.wake()
         return item
 
     def open_asr(self, owner, make_session: Callable, sink: Sink,
@@ -221,22 +208,12 @@ class Engine:
             self.failed = f"{type(e).__name__}: {e}"
             log.error("engine thread died:\n%s", traceback.format_exc())
             for s in self._streams + list(self._new):
-                s.fail("processing_error", f"engine failed: {self.failed}")
-            while self._calls:
-                _, f = self._calls.popleft()
-                f.set_exception(RuntimeError(f"engine failed: {self.failed}"))
+                if not s.finished:
+                    s.fail("processing_error", f"engine failed: {self.failed}")
 
     def _tick(self) -> bool:
         """One round over everything; False when there was nothing to do."""
         busy = False
-        while self._calls:
-            fn, f = self._calls.popleft()
-            busy = True
-            if f.set_running_or_notify_cancel():
-                try:
-                    f.set_result(fn())
-                except Exception as e:
-                    f.set_exception(e)
         while self._new:
             s = self._new.popleft()
             busy = True
