@@ -171,10 +171,25 @@ def test_nemotron_live_sessions_joining_late(nm, monkeypatch):
         assert s.token_ids == ref.token_ids and s.frames == ref.frames
 
 
+def test_nemotron_batched_work_is_flat(nm):
+    """Tick 40 and tick 160 of a 3-session batch hold the same state."""
+    sessions = [nm.session(160) for _ in range(3)]
+    chunks = [speechlike(0.08, seed=k) for k in range(3)]
+    seen = {}
+    for tick in range(1, 161):
+        nm.feed_many([(s, c) for s, c in zip(sessions, chunks, strict=True)
+                      if tick > 3 or s is not sessions[2]])  # one joins late
+        if tick in (40, 160):
+            seen[tick] = [(sum(a.size for a in s.enc_state.arrays() + s.dec_state.arrays()),
+                           len(s.mel.buf)) for s in sessions]
+    assert seen[40] == seen[160]
+
+
 def test_feed_many_input_errors(vr_model, nm):
     for owner in (vr_model, nm):
         a, b = owner.session(), owner.session()
         assert owner.feed_many([]) == [] and owner.finish_many([]) == []
+        assert owner.feed_many([(a, np.zeros(0, np.float32))]) == [""]
         with pytest.raises(MlxSpeechError, match="only once"):
             owner.feed_many([(a, np.zeros(10, np.float32)), (a, np.zeros(10, np.float32))])
         b.finish()
