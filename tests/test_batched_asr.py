@@ -111,21 +111,27 @@ def test_voxtral_batched_reanchoring(tmp_path, vr_model):
         assert s.token_ids == vr_model.transcribe(a, delay_ms=s.delay_ms).token_ids
 
 
+def _probe_flat(owner, sessions, ticks: tuple[int, int], probe) -> None:
+    """Feed 80 ms per tick (the last session joins at tick 5); the state `probe`
+    reads must be the same at both ticks."""
+    chunks = [speechlike(0.08, seed=k) for k in range(len(sessions))]
+    seen = {}
+    for tick in range(1, ticks[1] + 1):
+        owner.feed_many([(s, c) for s, c in zip(sessions, chunks, strict=True)
+                         if tick > 5 or s is not sessions[-1]])
+        if tick in ticks:
+            seen[tick] = [probe(s) for s in sessions]
+    assert seen[ticks[0]] == seen[ticks[1]]
+
+
 def test_voxtral_batched_work_is_flat(vr_model):
     """Tick 60 and tick 300 of a 3-session batch hold the same state."""
     sessions = [vr_model.session(), vr_model.session(delay_ms=160), vr_model.session()]
     for s in sessions:
         s.eos = -1  # random weights may emit EOS; this test needs endless sessions
-    chunks = [speechlike(0.08, seed=k) for k in range(3)]
-    seen = {}
-    for tick in range(1, 301):
-        vr_model.feed_many([(s, c) for s, c in zip(sessions, chunks, strict=True)
-                            if tick > 5 or s is not sessions[2]])  # one joins late
-        if tick in (60, 300):
-            seen[tick] = [(sum(a.size for r in s.dec_cache + s.enc_state.kv for a in r.state),
-                           len(s._audio), len(s._mel_todo), s.dec_cache[0].home.keys.shape)
-                          for s in sessions]
-    assert seen[60] == seen[300]
+    _probe_flat(vr_model, sessions, (60, 300), lambda s: (
+        sum(a.size for r in s.dec_cache + s.enc_state.kv for a in r.state),
+        len(s._audio), len(s._mel_todo), s.dec_cache[0].home.keys.shape))
     assert sessions[0].dec_cache[0].home is sessions[2].dec_cache[0].home  # one batch
     assert all(len(s.token_ids) > 250 for s in sessions)
 
@@ -171,10 +177,17 @@ def test_nemotron_live_sessions_joining_late(nm, monkeypatch):
         assert s.token_ids == ref.token_ids and s.frames == ref.frames
 
 
+def test_nemotron_batched_work_is_flat(nm):
+    """Tick 40 and tick 160 of a 3-session batch hold the same state."""
+    _probe_flat(nm, [nm.session(160) for _ in range(3)], (40, 160), lambda s: (
+        sum(a.size for a in s.enc_state.arrays() + s.dec_state.arrays()), len(s.mel.buf)))
+
+
 def test_feed_many_input_errors(vr_model, nm):
     for owner in (vr_model, nm):
         a, b = owner.session(), owner.session()
         assert owner.feed_many([]) == [] and owner.finish_many([]) == []
+        assert owner.feed_many([(a, np.zeros(0, np.float32))]) == [""]
         with pytest.raises(MlxSpeechError, match="only once"):
             owner.feed_many([(a, np.zeros(10, np.float32)), (a, np.zeros(10, np.float32))])
         b.finish()

@@ -84,7 +84,9 @@ class StreamingASR:
         """Feed each session its chunk (16 kHz mono float32, any size, may be empty).
 
         Returns each session's new text, exactly as `[s.feed(c) for s, c in pairs]`
-        would, with the model work of all sessions batched into shared steps.
+        would, with the model work of all sessions batched into shared steps. Input
+        is checked first: a bad chunk, a finished session or a session listed twice
+        raises before any session is fed. Call from the one thread that owns MLX work.
         """
         sessions = [s for s, _ in pairs]
         self._check_sessions(sessions)
