@@ -200,7 +200,9 @@ def stream_chunks(audio: np.ndarray) -> list[np.ndarray]:
 def bench_ours(folder: Path, mel: np.ndarray, audio: np.ndarray, steps: int,
                warmup: int) -> Result:
     import mlx_speech
+    from mlx_speech.models.voxtral_realtime.model import EncoderState
     from mlx_speech.models.voxtral_realtime.session import ENCODER_CHUNK_TOKENS
+    from mlx_speech.nn import RingBatch
 
     r = Result()
     reset_peak()
@@ -209,7 +211,8 @@ def bench_ours(folder: Path, mel: np.ndarray, audio: np.ndarray, steps: int,
     r.load_s = time.perf_counter() - t0
     m = vr.model
     state = m.make_encoder_state(ENCODER_CHUNK_TOKENS * MEL_PER_TOKEN // 2)  # as the session
-    caches = m.make_decoder_cache(len(PROMPT))
+    state = EncoderState(state.conv, [RingBatch.gather([r]) for r in state.kv])  # batch of 1
+    caches = [RingBatch.gather([r]) for r in m.make_decoder_cache(len(PROMPT))]
     scales = m.ffn_scales(N_DELAY)
     mx.eval(scales)
     last: list[mx.array] = []

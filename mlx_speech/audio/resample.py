@@ -31,6 +31,12 @@ def _phases(up: int, down: int) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(h.reshape(taps, up).T[:, ::-1], np.float32), half
 
 
+def _dot_rows(w: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Each row of `w` dotted with `h`, rounded the same whatever the number of rows
+    (BLAS gemv is not: one row takes another kernel), so streaming equals offline."""
+    return (w * h).sum(axis=1, dtype=np.float32)
+
+
 def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     """Resample 1-D `x` from sr_in to sr_out Hz into ceil(n * out / in) samples."""
     x = np.asarray(x, dtype=np.float32)
@@ -67,5 +73,68 @@ def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
         ms = np.arange(m0, n_out, up)
         j0 = (ms * down + half) // up
         for s in range(0, len(ms), rows):
-            y[ms[s : s + rows]] = windows[j0[s : s + rows]] @ h[p]
+            y[ms[s : s + rows]] = _dot_rows(windows[j0[s : s + rows]], h[p])
     return y
+
+
+class StreamingResampler:
+    """`resample` fed in pieces: the joined output of `feed` calls and `finish`
+    equals `resample(whole, sr_in, sr_out)` (the same windows and taps)."""
+
+    def __init__(self, sr_in: int, sr_out: int):
+        if sr_in <= 0 or sr_out <= 0:
+            raise ValueError(f"sample rates must be positive, got {sr_in} and {sr_out}")
+        g = gcd(sr_in, sr_out)
+        self.up, self.down = sr_out // g, sr_in // g
+        self.same = sr_in == sr_out
+        if not self.same:
+            self.h, self.half = _phases(self.up, self.down)
+        self.taps = 1 if self.same else self.h.shape[1]
+        # xp as in `resample`: taps - 1 zeros, then the input; xp[base:] is kept
+        self._xp = np.zeros(self.taps - 1, np.float32)
+        self._base = 0
+        self.n_in = 0
+        self.n_out = 0  # outputs emitted so far
+
+    def _emit(self, upto: int) -> np.ndarray:
+        """Outputs [n_out, upto), all of whose windows are inside the kept xp."""
+        if upto <= self.n_out:
+            return np.zeros(0, np.float32)
+        up, down, half, taps = self.up, self.down, self.half, self.taps
+        ms = np.arange(self.n_out, upto)
+        j0 = (ms * down + half) // up - self._base  # window end, relative to the kept xp
+        windows = np.lib.stride_tricks.sliding_window_view(self._xp, taps)
+        y = np.empty(len(ms), np.float32)
+        for p in np.unique((ms * down + half) % up):
+            sel = ((ms * down + half) % up) == p
+            y[sel] = _dot_rows(windows[j0[sel]], self.h[p])
+        self.n_out = upto
+        # drop what no later output needs (xp windows start at j0 = (m * down + half) // up)
+        keep = (upto * down + half) // up - self._base
+        if keep > 0:
+            self._xp = self._xp[keep:]
+            self._base += keep
+        return y
+
+    def feed(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        self.n_in += len(x)
+        if self.same:
+            return x.copy()
+        self._xp = np.concatenate([self._xp, x])
+        last = self._base + len(self._xp) - 1  # the last xp index held
+        # output m reads xp[j0 : j0 + taps], j0 = (m * down + half) // up
+        upto = max(0, ((last - self.taps + 2) * self.up - self.half - 1) // self.down + 1)
+        total = -(-self.n_in * self.up // self.down)
+        return self._emit(min(upto, total))
+
+    def finish(self) -> np.ndarray:
+        if self.same:
+            return np.zeros(0, np.float32)
+        total = -(-self.n_in * self.up // self.down)
+        if total <= self.n_out:
+            return np.zeros(0, np.float32)
+        need = ((total - 1) * self.down + self.half) // self.up + self.taps - self._base
+        if need > len(self._xp):
+            self._xp = np.concatenate([self._xp, np.zeros(need - len(self._xp), np.float32)])
+        return self._emit(total)

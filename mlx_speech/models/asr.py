@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..audio.io import check_audio, load_audio
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MlxSpeechError
 from ..nn import quant
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
@@ -61,6 +61,47 @@ def group_words(items) -> list[Word]:
         end, pinned = t1, pinned and not buf.strip()
     close()
     return words
+
+
+class StreamingASR:
+    """Batched stepping shared by the streaming ASR wrappers.
+
+    `feed_many` / `finish_many` are the one way sessions advance: `Session.feed`
+    is a batch of one. Subclasses implement `_feed_batch(sessions, audios)` and
+    `_finish_batch(sessions)`, given validated input (distinct, unfinished
+    sessions of this owner, checked float32 audio).
+    """
+
+    def _check_sessions(self, sessions) -> None:
+        seen = set()
+        for s in sessions:
+            if s.owner is not self:
+                raise MlxSpeechError("a session belongs to another model")
+            if id(s) in seen:
+                raise MlxSpeechError("a session may appear only once per call")
+            seen.add(id(s))
+
+    def feed_many(self, pairs: Sequence[tuple[object, np.ndarray]]) -> list[str]:
+        """Feed each session its chunk (16 kHz mono float32, any size, may be empty).
+
+        Returns each session's new text, exactly as `[s.feed(c) for s, c in pairs]`
+        would, with the model work of all sessions batched into shared steps. Input
+        is checked first: a bad chunk, a finished session or a session listed twice
+        raises before any session is fed. Call from the one thread that owns MLX work.
+        """
+        sessions = [s for s, _ in pairs]
+        self._check_sessions(sessions)
+        for s in sessions:
+            if s.finished:
+                raise MlxSpeechError("session already finished; start a new one")
+        audios = [check_audio(c) for _, c in pairs]
+        return self._feed_batch(sessions, audios) if sessions else []
+
+    def finish_many(self, sessions: Sequence[object]) -> list[str]:
+        """End of audio for each session: as `[s.finish() for s in sessions]`."""
+        sessions = list(sessions)
+        self._check_sessions(sessions)
+        return self._finish_batch(sessions) if sessions else []
 
 
 def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,

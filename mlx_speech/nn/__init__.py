@@ -1,6 +1,6 @@
 """Model-agnostic layers and streaming state shared by every model."""
 
-from .cache import SlidingKVCache, window_mask
+from .cache import RingBatch, RingRow, SlidingKVCache, stack_rows, window_mask
 from .conv import CausalConv1d, ConvCache
 from .sampling import sample
 from .transformer import Attention, Block, FeedForward, KVCache
@@ -12,7 +12,10 @@ __all__ = [
     "ConvCache",
     "FeedForward",
     "KVCache",
+    "RingBatch",
+    "RingRow",
     "SlidingKVCache",
     "sample",
+    "stack_rows",
     "window_mask",
 ]

@@ -97,3 +97,189 @@ class SlidingKVCache:
     @property
     def state(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values) if a is not None]
+
+
+def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
+    """Rows `(array, i)` of batched arrays -> one array stacked on axis 0.
+
+    When the refs are exactly the rows of one array in order (a batch that steps
+    together again) that array is returned as is: no copy.
+    """
+    a0 = refs[0][0]
+    if len(refs) == a0.shape[0] and all(a is a0 and i == j for j, (a, i) in enumerate(refs)):
+        return a0
+    parts, k = [], 0
+    while k < len(refs):  # one take per run of rows from the same array
+        a, j = refs[k][0], k
+        while j < len(refs) and refs[j][0] is a:
+            j += 1
+        idx = [i for _, i in refs[k:j]]
+        parts.append(a if idx == list(range(a.shape[0])) else a[mx.array(idx)])
+        k = j
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+
+class RingRow:
+    """One stream's sliding-window ring cache (see SlidingKVCache), stored as a row
+    of a RingBatch: streams that step together share one batched array, each row
+    with its own clock (`offset`, `shift`), so streams at different positions and
+    fill levels run in one step. `keys` / `values` are that row, (1, H, n, D)."""
+
+    def __init__(self, window: int, max_chunk: int = 1):
+        self.window, self.max_chunk = window, max_chunk
+        self.capacity = window + max_chunk - 1
+        self.offset = self.shift = 0
+        self.home: RingBatch | None = None
+        self.index = 0
+
+    @property
+    def rope_offset(self) -> int:
+        return self.offset - self.shift
+
+    def _row(self, name: str) -> mx.array | None:
+        a = None if self.home is None else getattr(self.home, name)
+        return None if a is None else a[self.index: self.index + 1]
+
+    @property
+    def keys(self) -> mx.array | None:
+        return self._row("keys")
+
+    @property
+    def values(self) -> mx.array | None:
+        return self._row("values")
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in (self.keys, self.values) if a is not None]
+
+
+class RingBatch:
+    """The ring caches of one layer for several streams, stacked on the batch axis.
+
+    Same interface as SlidingKVCache for the attention (`rope_offset` is a (B,)
+    array: mx.fast.rope takes one offset per row), with per-row slot writes, masks
+    and re-anchoring. Work per step is bounded by the ring capacity whatever the
+    streams' lengths.
+    """
+
+    def __init__(self, rows: list[RingRow], keys: mx.array | None = None,
+                 values: mx.array | None = None, step: int = 256):
+        self.rows, self.keys, self.values, self.step = rows, keys, values, step
+        r = rows[0]
+        self.window, self.max_chunk, self.capacity = r.window, r.max_chunk, r.capacity
+        for i, row in enumerate(rows):
+            row.home, row.index = self, i
+
+    @classmethod
+    def gather(cls, rows: list[RingRow], step: int = 256) -> RingBatch:
+        """The batch holding exactly `rows` (in order): reused when it exists, else
+        built from the rows' current homes (one copy, only when the set changes)."""
+        r0 = rows[0]
+        if any((r.window, r.max_chunk) != (r0.window, r0.max_chunk) for r in rows):
+            raise ValueError("rows of one RingBatch need the same window and max_chunk")
+        h = r0.home
+        if (h is not None and len(h.rows) == len(rows)
+                and all(r.home is h and r.index == i for i, r in enumerate(rows))):
+            return h
+        homed = [r for r in rows if r.home is not None and r.home.keys is not None]
+        if not homed:
+            return cls(rows, step=step)
+        n = max(r.home.keys.shape[2] for r in homed)
+        like = homed[0].home
+
+        def part(r: RingRow, name: str) -> tuple[mx.array, int]:
+            a = getattr(r.home, name) if r.home is not None else None
+            if a is None:
+                shape = getattr(like, name).shape
+                return mx.zeros((1, shape[1], n, shape[3]), like.keys.dtype), 0
+            if a.shape[2] < n:
+                a = mx.pad(a, [(0, 0), (0, 0), (0, n - a.shape[2]), (0, 0)])
+            return a, r.index
+
+        keys = stack_rows([part(r, "keys") for r in rows])
+        values = stack_rows([part(r, "values") for r in rows])
+        return cls(rows, keys, values, step)
+
+    @property
+    def rope_offset(self) -> mx.array:
+        return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
+
+    def make_mask(self, length: int) -> mx.array:
+        """(B, 1, L, S) mask for `length` new queries per row, against the slots in
+        use after the write (S = the widest row's)."""
+        cap = self.capacity
+        offs = mx.array([r.offset for r in self.rows], mx.int32)[:, None]
+        used = min(cap, max(r.offset for r in self.rows) + length)
+        s = mx.arange(used)[None]
+        last = offs + length - 1
+        slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
+        q = offs + mx.arange(length)[None]
+        d = q[:, :, None] - slot_pos[:, None, :]
+        return ((d >= 0) & (d < self.window))[:, None]
+
+    def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
+        B, H, _, D = k.shape
+        n = min(self.capacity, -(-end // self.step) * self.step)
+        if self.keys is None:
+            self.keys = mx.zeros((B, H, n, D), k.dtype)
+            self.values = mx.zeros((B, H, n, v.shape[-1]), v.dtype)
+        elif self.keys.shape[2] < n:
+            pad = [(0, 0), (0, 0), (0, n - self.keys.shape[2]), (0, 0)]
+            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        """Write (B, H, L, D) keys/values, row b at its own positions; return the slots
+        in use."""
+        L, cap = k.shape[2], self.capacity
+        if L > self.max_chunk:
+            raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
+        offs = [r.offset for r in self.rows]
+        end = max(offs) + L
+        self._grow(k, v, end)
+        if all(o == offs[0] for o in offs):  # rows in step: contiguous slot writes
+            start = offs[0] % cap
+            first = min(L, cap - start)
+            self.keys[:, :, start: start + first] = k[:, :, :first]
+            self.values[:, :, start: start + first] = v[:, :, :first]
+            if first < L:
+                self.keys[:, :, : L - first] = k[:, :, first:]
+                self.values[:, :, : L - first] = v[:, :, first:]
+        else:
+            idx = mx.array([[(o + t) % cap for t in range(L)] for o in offs])[:, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, idx, k, axis=2)
+            self.values = mx.put_along_axis(self.values, idx, v, axis=2)
+        for r in self.rows:
+            r.offset += L
+        used = min(end, cap)
+        return self.keys[:, :, :used], self.values[:, :, :used]
+
+    def deltas(self, length: int, limit: int) -> list[int]:
+        """Per row, how far to lower the RoPE clock so `length` more positions stay
+        below `limit` (0: no need)."""
+        out = []
+        for r in self.rows:
+            if r.rope_offset + length <= limit:
+                out.append(0)
+                continue
+            d = r.rope_offset - r.window
+            if d <= 0:
+                raise ValueError(f"RoPE limit {limit} too small for window {r.window} + {length}")
+            out.append(d)
+        return out
+
+    def reanchor(self, deltas: list[int], head_dim: int, *, traditional: bool,
+                 base: float) -> None:
+        """Lower row b's RoPE clock by deltas[b]: rotate its cached keys by -deltas[b]
+        (scores inside the window are unchanged; see SlidingKVCache.reanchor)."""
+        if self.keys is not None:
+            k = self.keys
+            flat = k.reshape(k.shape[0], -1, 1, k.shape[-1])
+            flat = mx.fast.rope(flat, head_dim, traditional=traditional, base=base, scale=1.0,
+                                offset=-mx.array(deltas, mx.int32))
+            self.keys = flat.reshape(k.shape)
+        for r, d in zip(self.rows, deltas, strict=True):
+            r.shift += d
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in (self.keys, self.values) if a is not None]

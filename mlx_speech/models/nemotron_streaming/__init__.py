@@ -14,7 +14,8 @@ from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
-from ..asr import Word, load_strict, transcribe_with
+from ..asr import StreamingASR, Word, load_strict, transcribe_with
+from . import batch
 from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
@@ -35,13 +36,15 @@ def weight_patterns(folder: Path) -> list[str]:
     return HF_FILES
 
 
-class NemotronStreaming:
-    """A loaded model; any number of sessions can share it."""
+class NemotronStreaming(StreamingASR):
+    """A loaded model; any number of sessions can share it (`feed_many` steps them
+    together)."""
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.features = NemoLogMel(config.encoder.num_mel_bins)
+        self._calls = 0  # batched encoder calls, for periodic mx.clear_cache
 
     @property
     def sample_rate(self) -> int:
@@ -53,6 +56,22 @@ class NemotronStreaming:
         `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
         """
         return Session(self, latency_ms)
+
+    def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
+        mels = [s.mel.feed(x) for s, x in zip(sessions, audios, strict=True)]
+        return batch.run(self, sessions, [m if len(m) else None for m in mels], final=False)
+
+    def _finish_batch(self, sessions: list[Session]) -> list[str]:
+        live = [s for s in sessions if not s.finished]
+        mels = []
+        for s in live:
+            s.finished = True
+            mel = s.mel.finish()
+            mels.append(mel if s.mel.emitted else None)
+        texts = batch.run(self, live, mels, final=True)
+        out = {id(s): t + s._detok.flush() for s, t in zip(live, texts, strict=True)}
+        mx.clear_cache()
+        return [out.get(id(s), "") for s in sessions]
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,

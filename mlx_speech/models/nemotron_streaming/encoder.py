@@ -259,6 +259,9 @@ class EncoderState:
     # cache is full, so steady-state chunks skip the (left + T) x D x D projection
     pos_shape: tuple[int, int] | None = None
     pos_keys: list[mx.array] | None = None
+    # streams stacked on the batch axis whose caches hold different numbers of
+    # frames: row b's cache is left-padded, its real length is n_valid[b]
+    n_valid: list[int] | None = None
 
     def arrays(self) -> list[mx.array]:
         out = [a for c in (*self.subsampling, *self.kv, *self.conv) for a in c.state]
@@ -319,6 +322,10 @@ class Encoder(nn.Module):
             q = mx.arange(offset, offset + T)
             mask = chunked_limited_mask(q, mx.arange(offset - n_cached, offset + T), block,
                                         c.left_context // block)
+        if state is not None and state.n_valid is not None:  # hide rows' left padding
+            first = mx.array([n_cached - n for n in state.n_valid])[:, None, None, None]
+            valid = mx.arange(n_cached + T)[None, None, None] >= first  # (B, 1, 1, Tk)
+            mask = valid if mask is None else valid & mask
         shape = (n_cached + T, T)
         if state is not None and state.pos_shape == shape:
             pos_keys = state.pos_keys

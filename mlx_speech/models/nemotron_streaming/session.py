@@ -1,27 +1,20 @@
-"""Streaming transcription session and the RNN-T greedy loop (the only syncing code)."""
+"""Streaming transcription session (stepped by batch.py through the owner's feed_many)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
 import numpy as np
 
-from ...audio.io import check_audio
-from ...errors import MlxSpeechError
 from ...text.spm import StreamingDecoder
 from .. import asr
 from ..asr import Word, group_words
 from .config import FRAME_MS
 from .features import StreamingNemoLogMel
-from .transducer import DecoderState, Model
 
 if TYPE_CHECKING:
     from . import NemotronStreaming
-
-MAX_MEL_PER_CALL = 800  # bounds one encoder call (a big feed is split): 8 s of audio
-CLEAR_CACHE_EVERY = 256
 
 
 @dataclass
@@ -34,41 +27,6 @@ def words_from_tokens(ids: list[int], frames: list[int], tokenizer) -> list[Word
     sec = FRAME_MS / 1000
     return group_words((tokenizer.token_bytes(t), f * sec, (f + 1) * sec, False)
                        for t, f in zip(ids, frames, strict=True))
-
-
-def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
-                  ) -> tuple[list[int], list[int], DecoderState]:
-    """Frame-synchronous RNN-T greedy over projected encoder frames (T, dim).
-
-    Per frame: emit argmax tokens until blank or `max_symbols` emissions, then move
-    on; the predictor advances only on emissions. Runs of blank frames are found
-    with one joint call over all remaining frames, so syncs scale with tokens, not
-    frames. Returns (tokens, frame index of each, new state).
-    """
-    c = model.config
-    blank, max_symbols = c.blank_id, c.max_symbols
-    tokens: list[int] = []
-    where: list[int] = []
-    t, T = 0, frames.shape[0]
-    while t < T:
-        ks = np.array(mx.argmax(model.joint(frames[t:], state.g[0]), axis=-1))
-        hit = np.flatnonzero(ks != blank)
-        if not len(hit):
-            break
-        t += int(hit[0])
-        k, n = int(ks[hit[0]]), 0
-        while True:
-            tokens.append(k)
-            where.append(t)
-            state = model.decoder(mx.array([k], mx.int32), state)
-            n += 1
-            if n == max_symbols:
-                break
-            k = int(mx.argmax(model.joint(frames[t], state.g[0])).item())
-            if k == blank:
-                break
-        t += 1
-    return tokens, where, state
 
 
 class Session:
@@ -93,45 +51,14 @@ class Session:
         self.finished = False
         self.done = False  # RNN-T has no end-of-stream token; same interface as Voxtral
         self._detok = StreamingDecoder(owner.tokenizer)
-        self._calls = 0
-
-    def _run(self, mel: np.ndarray, final: bool = False) -> str:
-        out = []
-        starts = range(0, max(len(mel), 1), MAX_MEL_PER_CALL)
-        for i in starts:
-            last = final and i == starts[-1]
-            chunk = mx.array(mel[None, i: i + MAX_MEL_PER_CALL]).astype(self.model.dtype)
-            x = self.model.encoder(chunk, state=self.enc_state, final=last)
-            x = self.model.encoder_projector(x)
-            mx.eval(x, self.enc_state.arrays())
-            if x.shape[1] == 0:
-                continue
-            toks, where, self.dec_state = greedy_decode(self.model, x[0], self.dec_state)
-            self.token_ids += toks
-            self.frames += [self.n_frames + w for w in where]
-            self.n_frames += x.shape[1]
-            out += [self._detok.add(k) for k in toks]
-            self._calls += 1
-            if self._calls % CLEAR_CACHE_EVERY == 0:
-                mx.clear_cache()
-        return "".join(out)
 
     def feed(self, samples: np.ndarray) -> str:
         """Append 16 kHz mono samples; returns the text decoded since the last call."""
-        if self.finished:
-            raise MlxSpeechError("session already finished; start a new one")
-        mel = self.mel.feed(check_audio(samples))
-        return self._run(mel) if len(mel) else ""
+        return self.owner.feed_many([(self, samples)])[0]
 
     def finish(self) -> str:
         """End of audio: flush the last frames exactly as offline and the text."""
-        if self.finished:
-            return ""
-        self.finished = True
-        mel = self.mel.finish()
-        out = self._run(mel, final=True) if self.mel.emitted else ""
-        mx.clear_cache()
-        return out + self._detok.flush()
+        return self.owner.finish_many([self])[0]
 
     @property
     def seconds(self) -> float:

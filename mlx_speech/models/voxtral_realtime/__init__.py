@@ -14,7 +14,8 @@ from ...errors import CheckpointError
 from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
 from ...text.tekken import Tekken
-from ..asr import Transcript, Word, load_strict, transcribe_with
+from ..asr import StreamingASR, Transcript, Word, load_strict, transcribe_with
+from . import batch
 from .config import VoxtralRealtimeConfig
 from .model import Model
 from .session import Session
@@ -32,11 +33,14 @@ def weight_patterns(folder: Path) -> list[str]:
     return MISTRAL_FILES if (Path(folder) / "params.json").exists() else HF_FILES
 
 
-class VoxtralRealtime:
-    """A loaded model; any number of sessions can share it."""
+class VoxtralRealtime(StreamingASR):
+    """A loaded model; any number of sessions can share it (`feed_many` steps them
+    together)."""
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
+        self._steps = 0  # batched decoder steps, for periodic mx.clear_cache
 
     @property
     def sample_rate(self) -> int:
@@ -45,6 +49,12 @@ class VoxtralRealtime:
     def session(self, delay_ms: int | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`."""
         return Session(self, delay_ms)
+
+    def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
+        return batch.feed_batch(self, sessions, audios)
+
+    def _finish_batch(self, sessions: list[Session]) -> list[str]:
+        return batch.finish_batch(self, sessions)
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    delay_ms: int | None = None,

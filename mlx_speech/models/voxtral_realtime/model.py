@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from ...nn import CausalConv1d, ConvCache, RingBatch, RingRow, window_mask
 from ...nn.quant import dense_weight
 from ...nn.transformer import Block as _Block
 from .config import EncoderConfig, VoxtralRealtimeConfig
@@ -37,7 +37,7 @@ class Block(_Block):
                                         nn.Linear(ada_dim, dim, bias=False)]
 
 
-def _mask(L: int, window: int, cache: SlidingKVCache | None):
+def _mask(L: int, window: int, cache: RingBatch | None):
     if cache is not None:
         return cache.make_mask(L)
     if L <= window:
@@ -46,23 +46,22 @@ def _mask(L: int, window: int, cache: SlidingKVCache | None):
     return window_mask(pos, pos, window)
 
 
-def _reanchor(caches: list[SlidingKVCache], L: int, limit: int, head_dim: int,
+def _reanchor(caches: list[RingBatch], L: int, limit: int, head_dim: int,
               theta: float) -> None:
-    """Keep RoPE positions below `limit` forever (python ints only: no sync)."""
-    c = caches[0]
-    if c.rope_offset + L <= limit:
-        return
-    delta = c.rope_offset - c.window
-    if delta <= 0:
-        raise ValueError(f"RoPE limit {limit} too small for window {c.window} + {L}")
-    for cache in caches:
-        cache.reanchor(delta, head_dim, traditional=True, base=theta)
+    """Keep every row's RoPE positions below `limit` forever (python ints: no sync)."""
+    deltas = caches[0].deltas(L, limit)
+    if any(deltas):
+        for cache in caches:
+            cache.reanchor(deltas, head_dim, traditional=True, base=theta)
 
 
 @dataclass
 class EncoderState:
+    """Encoder streaming state: a stream's own (ConvCache tails, RingRow per layer),
+    or a batch's (tails stacked on axis 0, RingBatch per layer)."""
+
     conv: list[ConvCache]
-    kv: list[SlidingKVCache]
+    kv: list[RingRow] | list[RingBatch]
 
     def arrays(self) -> list[mx.array]:
         return [a for c in (*self.conv, *self.kv) for a in c.state]
@@ -133,12 +132,13 @@ class Model(nn.Module):
     def make_encoder_state(self, max_chunk_frames: int) -> EncoderState:
         e = self.config.encoder
         return EncoderState([ConvCache(), ConvCache()],
-                            [SlidingKVCache(e.sliding_window, max_chunk_frames)
+                            [RingRow(e.sliding_window, max_chunk_frames)
                              for _ in range(e.n_layers)])
 
-    def make_decoder_cache(self, max_chunk: int) -> list[SlidingKVCache]:
+    def make_decoder_cache(self, max_chunk: int) -> list[RingRow]:
+        """One stream's decoder caches; `RingBatch.gather` stacks streams for a step."""
         d = self.config.decoder
-        return [SlidingKVCache(d.sliding_window, max_chunk) for _ in range(d.n_layers)]
+        return [RingRow(d.sliding_window, max_chunk) for _ in range(d.n_layers)]
 
     def ffn_scales(self, n_delay: int) -> list[mx.array]:
         """Per-layer 1 + ada(t_cond), constant for a session."""
@@ -161,7 +161,7 @@ class Model(nn.Module):
         return p2(act(p0(x)))
 
     def hidden(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
-               caches: list[SlidingKVCache] | None = None) -> mx.array:
+               caches: list[RingBatch] | None = None) -> mx.array:
         """Decoder: (B, L) tokens + (B, L, dim) audio embeddings -> (B, L, dim) normed."""
         d = self.config.decoder
         h = self.tok_embeddings(tokens) + audio
@@ -179,6 +179,6 @@ class Model(nn.Module):
         return self.tok_embeddings.as_linear(h)  # tied head
 
     def __call__(self, tokens: mx.array, audio: mx.array, ffn_scales: list[mx.array],
-                 caches: list[SlidingKVCache] | None = None) -> mx.array:
+                 caches: list[RingBatch] | None = None) -> mx.array:
         """(B, L, vocab) logits for every position (teacher forcing, tests)."""
         return self.logits(self.hidden(tokens, audio, ffn_scales, caches))

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from ...audio.io import check_audio
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
@@ -21,11 +20,13 @@ ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
 CLEAR_CACHE_EVERY = 256
 
 
+MAX_DELAY_MS = 2400
+
+
 def delay_tokens(delay_ms: int) -> int:
-    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= 2400:
-        raise MlxSpeechError(
-            f"delay must be a multiple of {FRAME_MS} ms between 80 and 2400, got {delay_ms}"
-        )
+    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= MAX_DELAY_MS:
+        raise MlxSpeechError(f"delay must be a multiple of {FRAME_MS} ms between 80 and "
+                             f"{MAX_DELAY_MS}, got {delay_ms}")
     return delay_ms // FRAME_MS
 
 
@@ -53,37 +54,37 @@ class Session:
         room = (enc.max_position - enc.sliding_window) // frames_per_token
         self.enc_chunk_tokens = max(1, min(ENCODER_CHUNK_TOKENS, room))
         self.enc_state = self.model.make_encoder_state(self.enc_chunk_tokens * frames_per_token)
-        self.dec_cache = self.model.make_decoder_cache(len(self.prompt))
+        # one ring size for every delay, so sessions with different delays share steps
+        longest_prompt = 1 + a.n_left_pad_tokens + MAX_DELAY_MS // FRAME_MS
+        self.dec_cache = self.model.make_decoder_cache(longest_prompt)
         self.ffn_scales = self.model.ffn_scales(self.n_delay)
         self.mel = StreamingLogMel(LogMel(a.sample_rate, a.n_fft, a.hop, a.n_mels,
                                           a.log_mel_max))
         self._mel_pending = np.zeros((0, a.n_mels), np.float32)
+        self._mel_todo = np.zeros((0, a.n_mels), np.float32)  # whole tokens, not encoded
         self._audio: list[mx.array] = []  # embeddings not yet fed, (1, n, dim) each
         self._audio_base = 0  # decoder position of self._audio's first row
         self._n_audio = 0  # positions with an embedding so far
         self.position = 0  # next decoder position to feed
-        self._last: mx.array | None = None  # last generated token, next input
-        self._unread: mx.array | None = None  # generated but not yet in token_ids
+        # (batched array, row) refs: the last generated token (next input), and the
+        # generated token not yet read into token_ids
+        self._last: tuple[mx.array, int] | None = None
+        self._unread: tuple[mx.array, int] | None = None
         self.token_ids: list[int] = []
         self.n_samples = 0
         self.finished = self.done = False
         self._detok = StreamingDetokenizer(tk)
         self._started_text = False
-        self._steps = 0
         self._ingest(self.mel.feed(np.zeros(a.n_left_pad_tokens * TOKEN_SAMPLES)))
 
     # -- audio side ---------------------------------------------------------
     def _ingest(self, frames: np.ndarray) -> None:
+        """Queue whole tokens' mel frames for the (batched) encoder."""
         mel = np.concatenate([self._mel_pending, frames]) if len(self._mel_pending) else frames
-        n_tok = len(mel) // MEL_PER_TOKEN
-        self._mel_pending = mel[n_tok * MEL_PER_TOKEN:]
-        for t0 in range(0, n_tok, self.enc_chunk_tokens):
-            t1 = min(n_tok, t0 + self.enc_chunk_tokens)
-            chunk = mx.array(mel[t0 * MEL_PER_TOKEN: t1 * MEL_PER_TOKEN][None])
-            emb = self.model.embed_audio(chunk, self.enc_state)
-            mx.eval(emb, self.enc_state.arrays())
-            self._audio.append(emb)
-            self._n_audio += t1 - t0
+        n = len(mel) // MEL_PER_TOKEN * MEL_PER_TOKEN
+        self._mel_pending = mel[n:]
+        if n:
+            self._mel_todo = np.concatenate([self._mel_todo, mel[:n]])
 
     def _take_audio(self, p0: int, p1: int) -> mx.array:
         """Embeddings for positions [p0, p1); drops everything before p1."""
@@ -116,65 +117,32 @@ class Session:
             self._started_text = bool(s)
         return s
 
-    def _decode(self, limit: int) -> str:
-        """Feed every position < min(limit, positions with audio)."""
-        end = min(limit, self._n_audio)
-        out: list[str] = []
-        m = self.model
-        if self._last is None:
-            P = len(self.prompt)
-            if end < P:
-                return ""
-            x = self._take_audio(0, P)
-            h = m.hidden(mx.array([self.prompt]), x, self.ffn_scales, self.dec_cache)
-            # only the last prompt position needs the (vocab-sized) head
-            self._last = self._unread = mx.argmax(m.logits(h[:, -1]), axis=-1)
-            mx.async_eval(self._last)
-            self.position = P
-        while self.position < end and not self.done:
-            a = self._take_audio(self.position, self.position + 1)
-            h = m.hidden(self._last[:, None], a, self.ffn_scales, self.dec_cache)
-            nxt = mx.argmax(m.logits(h[:, -1]), axis=-1)
-            mx.async_eval(nxt)  # step p+1 runs while step p's token is read
-            self.position += 1
-            if self._unread is not None:
-                out.append(self._emit(self._unread.item()))
-            self._last = self._unread = nxt
-            self._steps += 1
-            if self._steps % CLEAR_CACHE_EVERY == 0:
-                mx.clear_cache()
-        if self._unread is not None and not self.done:
-            out.append(self._emit(self._unread.item()))
-            self._unread = None
-        return "".join(out)
-
     # -- public API -----------------------------------------------------------
     def feed(self, samples: np.ndarray) -> str:
         """Append 16 kHz mono samples; returns the text decoded since the last call."""
-        if self.finished:
-            raise MlxSpeechError("session already finished; start a new one")
-        x = check_audio(samples)
-        self.n_samples += len(x)
-        if len(x) and not self.done:  # after EOS the audio is not needed
-            self._ingest(self.mel.feed(x))
-        return "" if self.done else self._decode(self._n_audio)
+        return self.owner.feed_many([(self, samples)])[0]
 
     def finish(self) -> str:
         """End of audio: pad with silence exactly as offline does and flush the text."""
-        if self.finished:
-            return ""
+        return self.owner.finish_many([self])[0]
+
+    # -- stepping (driven by the owner's feed_many / finish_many) ---------------
+    def _take_samples(self, x: np.ndarray) -> None:
+        """Queue new audio for the encoder."""
+        self.n_samples += len(x)
+        if len(x) and not self.done:  # after EOS the audio is not needed
+            self._ingest(self.mel.feed(x))
+
+    def _take_end(self) -> int:
+        """End of audio: queue the offline right padding; returns the decode limit."""
         self.finished = True
         a = self.owner.config.audio
         align = (-self.n_samples) % TOKEN_SAMPLES
         right = (self.n_delay + 1 + RIGHT_PAD_EXTRA_TOKENS) * TOKEN_SAMPLES
         total = a.n_left_pad_tokens * TOKEN_SAMPLES + self.n_samples + align + right
-        n_positions = total // TOKEN_SAMPLES
         self._ingest(self.mel.feed(np.zeros(align + right), final_frames=total // a.hop))
         # like transformers' generate, the last audio position is never fed
-        out = "" if self.done else self._decode(n_positions - 1)
-        out += self._detok.flush()
-        mx.clear_cache()
-        return out
+        return total // TOKEN_SAMPLES - 1
 
     @property
     def seconds(self) -> float:

@@ -1,0 +1,111 @@
+"""mlx_speech.server: serve speech models over OpenAI's, vLLM's and Kyutai's protocols.
+
+    mlx_speech.server --model mistralai/Voxtral-Mini-4B-Realtime-2602 [--model ...]
+        [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--quantize N]
+        [--allowed-origin https://app.example]
+
+Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
+/v1/audio/speech, WS /v1/realtime (vLLM's dialect; OpenAI's with ?intent=transcription),
+WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
+transcription streams of one model are batched into shared steps.
+
+Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
+handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
+--allowed-origin origins (default: loopback pages only). Needs the `server` extra
+(fastapi, uvicorn, python-multipart, websockets).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cliutil import log, run_cli
+from ..errors import MlxSpeechError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx_speech.server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", required=True,
+                   help="hub repo id or local folder; repeat to serve several. Clients name a "
+                        "model by exactly this string")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY) on HTTP and "
+                                     "WebSocket requests")
+    p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
+    p.add_argument("--allowed-origin", action="append", default=[],
+                   help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
+                        "loopback pages only)")
+    p.add_argument("--max-upload-mb", type=float, default=200.0,
+                   help="largest request body in MB (default 200); larger is a 413")
+    p.add_argument("--max-buffer-s", type=float, default=60.0,
+                   help="seconds of audio a live stream may queue before buffer_full")
+    p.add_argument("--idle-timeout-s", type=float, default=300.0,
+                   help="close a WebSocket after this long without client events")
+    p.add_argument("--no-batch", action="store_true",
+                   help="debug/benchmark: step live streams one at a time")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
+    return p
+
+
+def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object]:
+    import mlx_speech
+
+    from .common import model_kind
+
+    models = {}
+    for m in ids:
+        if m in models:
+            raise MlxSpeechError(f"--model {m} is given twice")
+        log(f"loading {m}")
+        model = mlx_speech.load(m, **({"quantize": quantize} if quantize else {}))
+        try:
+            model_kind(model)
+        except ValueError as e:
+            raise MlxSpeechError(f"{m}: {e}") from None
+        models[m] = model
+    return models
+
+
+def make_app(models: dict[str, object], *, api_key: str | None = None,
+             allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
+             max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True):
+    """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`)."""
+    from .app import create_app
+    from .common import Served
+    from .engine import Engine
+
+    engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
+    served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
+                    idle_timeout_s)
+    return create_app(served), engine
+
+
+def _run(args) -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise MlxSpeechError("the server needs FastAPI and uvicorn: "
+                             "pip install 'mlx-speech[server]'") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
+            "address can use the models")
+    models = load_models(args.model, args.quantize)
+    app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
+                           max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+                           max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
+                           batch=not args.no_batch)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_cli(_run, args)
+
+
+__all__ = ["build_parser", "load_models", "main", "make_app"]

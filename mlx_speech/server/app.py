@@ -1,0 +1,477 @@
+"""The FastAPI application: REST endpoints, security middleware, the WebSocket routes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import io
+import json
+import secrets
+import time
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+
+from ..errors import MlxSpeechError
+from .common import AsyncSink, ModelNotFound, Served, TextDeltas
+from .engine import BufferFull
+
+TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+SPEECH_FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
+                  "opus": "audio/ogg", "pcm": "audio/pcm"}
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _http_error(status: int, message: str, code: str | None = None, param: str | None = None):
+    type_ = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+             500: "server_error", 503: "server_error"}.get(status, "invalid_request_error")
+    return HTTPException(status, error_body(message, type_, code, param))
+
+
+def _loopback_origin(origin: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(origin)
+        host = u.hostname or ""
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and (host in ("localhost", "127.0.0.1", "::1"))
+
+
+class Guard:
+    """Pure ASGI middleware: the API key on HTTP and on the WebSocket handshake, the
+    WebSocket Origin allowlist (Starlette's CORS does not cover WebSockets), and the
+    upload size limit (413 before the body is read, when Content-Length says so)."""
+
+    def __init__(self, app, served: Served):
+        self.app, self.served = app, served
+
+    def key_ok(self, headers: dict[str, str], scope) -> bool:
+        key = self.served.api_key
+        if key is None:
+            return True
+        got = None
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            got = auth[7:].strip()
+        got = got or headers.get("x-api-key")
+        if got is None and scope["type"] == "websocket":  # browsers cannot set headers
+            for p in headers.get("sec-websocket-protocol", "").split(","):
+                p = p.strip()
+                if p.startswith("openai-insecure-api-key."):
+                    got = p[len("openai-insecure-api-key."):]
+        return got is not None and hmac.compare_digest(got.encode(), key.encode())
+
+    def origin_ok(self, headers: dict[str, str]) -> bool:
+        origin = headers.get("origin")
+        if origin is None:  # not a browser
+            return True
+        allowed = self.served.allowed_origins
+        return origin in allowed if allowed else _loopback_origin(origin)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        open_path = scope["path"] in ("/health",)
+        if scope["type"] == "websocket":
+            if not self.key_ok(headers, scope) or not self.origin_ok(headers):
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": "missing or wrong API key, or Origin not allowed"})
+                return
+            return await self.app(scope, receive, send)
+        if not open_path and not self.key_ok(headers, scope):
+            return await _send_json(send, 401, error_body(
+                "missing or wrong API key (send Authorization: Bearer KEY)",
+                "authentication_error", "invalid_api_key"))
+        limit = self.served.max_upload_bytes
+        too_large = error_body(f"the request body is over the limit of {limit} bytes",
+                               code="request_too_large")
+        length = headers.get("content-length")
+        if length and length.isdigit() and int(length) > limit:
+            return await _send_json(send, 413, too_large)
+        # no (honest) Content-Length, e.g. chunked: count while the app reads; past the limit
+        # the app sees a disconnect, its answer is dropped and the client gets the 413
+        seen, over, started = 0, False, False
+
+        async def counted_receive():
+            nonlocal seen, over
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def guarded_send(msg):
+            nonlocal started
+            if over:
+                return
+            started = True
+            await send(msg)
+
+        await self.app(scope, counted_receive, guarded_send)
+        if over and not started:
+            await _send_json(send, 413, too_large)
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(served: Served) -> FastAPI:
+    app = FastAPI(title="mlx_speech", docs_url=None, redoc_url=None, openapi_url=None)
+    served.created = served.created or int(time.time())
+    app.state.served = served
+
+    @app.exception_handler(HTTPException)
+    async def _http_exc(request: Request, exc: HTTPException):
+        body = exc.detail if isinstance(exc.detail, dict) else error_body(str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(ModelNotFound)
+    async def _not_found(request: Request, exc: ModelNotFound):
+        status = 404 if exc.code == "model_not_found" else 400
+        return JSONResponse(error_body(str(exc), "invalid_request_error", exc.code, "model"),
+                            status_code=status)
+
+    @app.get("/health")
+    async def health():
+        e = served.engine
+        if e.healthy:
+            return {"status": "ok", "models": list(served.models)}
+        return JSONResponse({"status": "unhealthy", "error": e.failed or "engine stopped"},
+                            status_code=503)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [
+            {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
+             "kind": served.kind(m)} for m in served.models]}
+
+    def need_engine():
+        if not served.engine.healthy:
+            why = served.engine.failed or "stopped"
+            raise _http_error(503, f"the engine is not running ({why})", "engine_unavailable")
+
+    # -- POST /v1/audio/transcriptions ------------------------------------------
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        need_engine()
+        try:
+            form = await request.form(max_files=1, max_fields=32)
+        except Exception as e:  # malformed multipart
+            raise _http_error(400, f"cannot read the form: {e}") from None
+        f = form.get("file")
+        if not isinstance(f, UploadFile):
+            raise _http_error(400, "missing the audio 'file' field", param="file")
+        name, model = served.find(_field(form, "model"), "asr")
+        fmt = _field(form, "response_format") or "json"
+        if fmt not in TRANSCRIPT_FORMATS:
+            raise _http_error(400, f"response_format must be one of "
+                              f"{', '.join(TRANSCRIPT_FORMATS)}, got {fmt!r}",
+                              param="response_format")
+        stream = (_field(form, "stream") or "false").lower() in ("true", "1")
+        grans = set(form.getlist("timestamp_granularities[]")
+                    + form.getlist("timestamp_granularities"))
+        data = await f.read(served.max_upload_bytes + 1)
+        if len(data) > served.max_upload_bytes:
+            raise _http_error(413, f"the file is over the limit of {served.max_upload_bytes} "
+                              "bytes", "request_too_large")
+        audio = _decode_audio(data, model.sample_rate)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        s = served.engine.open_asr(model, model.session, AsyncSink(q, loop),
+                                   max_samples=len(audio))
+        try:
+            s.push(audio)
+        except BufferFull as e:
+            raise _http_error(413, str(e)) from None
+        s.end()
+        seconds = len(audio) / model.sample_rate
+        if stream:
+            return StreamingResponse(_sse_transcript(q, s, seconds), media_type="text/event-stream")
+        try:
+            result = await _await_done(q)
+        finally:
+            s.close()
+        return _transcript_response(fmt, result, seconds, "word" in grans)
+
+    # -- POST /v1/audio/speech -------------------------------------------------------
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        need_engine()
+        try:
+            body = await request.json()
+        except Exception:
+            raise _http_error(400, "the body must be JSON") from None
+        if not isinstance(body, dict):
+            raise _http_error(400, "the body must be a JSON object")
+        name, model = served.find(body.get("model"), "tts")
+        text = body.get("input")
+        if not isinstance(text, str) or not text.strip():
+            raise _http_error(400, "'input' must be non-empty text", param="input")
+        fmt = body.get("response_format") or "mp3"
+        if fmt not in SPEECH_FORMATS:
+            raise _http_error(400, f"response_format must be one of {', '.join(SPEECH_FORMATS)}"
+                              f", got {fmt!r}", param="response_format")
+        speed = body.get("speed", 1.0)
+        if speed not in (None, 1, 1.0):
+            raise _http_error(400, "only speed 1.0 is supported", param="speed")
+        stream_format = body.get("stream_format") or "audio"
+        if stream_format not in ("audio", "sse"):
+            raise _http_error(400, "stream_format must be 'audio' or 'sse'",
+                              param="stream_format")
+        voice = body.get("voice") or None
+        if voice is not None and voice not in model.voices:
+            raise _http_error(400, f"unknown voice {voice!r}; voices: "
+                              f"{', '.join(model.voices) or 'none'}", param="voice")
+        seed = body.get("seed")
+        if seed is None:
+            seed = secrets.randbelow(2**31)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise _http_error(400, "seed must be a non-negative integer", param="seed")
+        max_frames = body.get("max_frames")
+        if max_frames is not None and (not isinstance(max_frames, int) or max_frames <= 0):
+            raise _http_error(400, "max_frames must be a positive integer", param="max_frames")
+        # pcm, wav and opus stream as frames are decoded (the first audio after 4 frames);
+        # mp3 and flac need the whole clip: made with generate()'s chunking, same samples
+        streaming = stream_format == "sse" or fmt in ("pcm", "wav", "opus")
+        chunking = ({"first_frames": 4, "chunk_frames": 16} if streaming
+                    else {"first_frames": 128, "chunk_frames": 128})
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        job = served.engine.open_speech(
+            lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
+                                 **chunking), AsyncSink(q, loop))
+        headers = {"x-seed": str(seed)}
+        sr = model.sample_rate
+        if stream_format == "sse":
+            return StreamingResponse(_sse_speech(q, job), media_type="text/event-stream",
+                                     headers=headers)
+        if streaming:
+            return StreamingResponse(_stream_speech(q, job, fmt, sr),
+                                     media_type=SPEECH_FORMATS[fmt], headers=headers)
+        chunks = []
+        try:
+            while True:
+                ev = await q.get()
+                if ev[0] == "audio":
+                    chunks.append(ev[1])
+                elif ev[0] == "done":
+                    break
+                else:
+                    raise _http_error(500, f"speech generation failed: {ev[2]}", ev[1])
+        finally:
+            job.close()
+        samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        return Response(encode_audio(samples, sr, fmt), media_type=SPEECH_FORMATS[fmt],
+                        headers=headers)
+
+    from .kyutai import add_routes as add_kyutai
+    from .realtime import add_routes as add_realtime
+
+    add_realtime(app, served)
+    add_kyutai(app, served)
+    app.add_middleware(Guard, served=served)
+    if served.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(served.allowed_origins),
+                           allow_credentials=False, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    return app
+
+
+def _field(form, name: str) -> str | None:
+    v = form.get(name)
+    return v if isinstance(v, str) and v != "" else None
+
+
+def _decode_audio(data: bytes, rate: int) -> np.ndarray:
+    import soundfile as sf
+
+    from ..audio.io import check_audio
+    from ..audio.resample import resample
+
+    if not data:
+        raise _http_error(400, "the audio file is empty", param="file")
+    try:
+        x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as e:
+        raise _http_error(400, f"cannot read the audio file: format not supported or corrupt "
+                          f"({e})", "invalid_audio", "file") from None
+    try:
+        x = check_audio(x)
+    except MlxSpeechError as e:
+        raise _http_error(400, str(e), "invalid_audio", "file") from None
+    if x.size == 0:
+        raise _http_error(400, "the audio file has no samples", "invalid_audio", "file")
+    return resample(x, sr, rate) if sr != rate else x
+
+
+async def _await_done(q: asyncio.Queue):
+    while True:
+        ev = await q.get()
+        if ev[0] == "done":
+            return ev[2]
+        if ev[0] == "error":
+            raise _http_error(500, f"transcription failed: {ev[2]}", ev[1])
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _sse_error(ev) -> str:
+    """An engine ("error", code, message) event as an SSE error event."""
+    return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
+
+
+async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
+    text = TextDeltas()
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "delta":
+                if d := text.add(ev[1]):
+                    yield _sse({"type": "transcript.text.delta", "delta": d})
+            elif ev[0] == "done":
+                result = ev[2]
+                if d := text.final(result.text):
+                    yield _sse({"type": "transcript.text.delta", "delta": d})
+                yield _sse({"type": "transcript.text.done", "text": result.text,
+                            "usage": {"type": "duration", "seconds": round(seconds, 3)}})
+                yield "data: [DONE]\n\n"
+                return
+            else:
+                yield _sse_error(ev)
+                return
+    finally:
+        s.close()
+
+
+def _transcript_response(fmt: str, result, seconds: float, words: bool):
+    from ..transcribe import segments_from_words
+    from ..writers import format_srt, format_vtt
+
+    if fmt == "text":
+        return PlainTextResponse(result.text + "\n")
+    segments = segments_from_words(result.words)
+    if fmt == "srt":
+        return PlainTextResponse(format_srt(segments))
+    if fmt == "vtt":
+        return PlainTextResponse(format_vtt(segments), media_type="text/vtt")
+    if fmt == "json":
+        return {"text": result.text, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+    out = {
+        "task": "transcribe", "language": "", "duration": round(seconds, 3), "text": result.text,
+        "segments": [{"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3),
+                      "text": s.text, "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
+                      "compression_ratio": 0.0, "no_speech_prob": 0.0}
+                     for i, s in enumerate(segments)],
+        "usage": {"type": "duration", "seconds": round(seconds, 3)},
+    }
+    if words:
+        out["words"] = [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+                        for w in result.words]
+    return out
+
+
+def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:
+    """A whole clip in `fmt` (the audio writers' own encoding, via a temporary file)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..audio.io import write_audio
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"speech.{fmt}"
+        write_audio(path, samples, sr, fmt)
+        return path.read_bytes()
+
+
+def _pcm16(x: np.ndarray) -> bytes:
+    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def _wav_header(sr: int) -> bytes:
+    """A streamed WAV's header: 16-bit mono, sizes unknown (0xFFFFFFFF, as streaming servers do)."""
+    import struct
+
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, sr, sr * 2, 2, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):
+    """Bytes as frames are decoded: pcm and wav chunk by chunk, opus as an Ogg stream."""
+    opus = None
+    if fmt == "wav":
+        yield _wav_header(sr)
+    elif fmt == "opus":
+        import sphn
+
+        opus = sphn.OpusStreamWriter(sr)
+    pending = np.zeros(0, np.float32)
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "audio":
+                if fmt in ("pcm", "wav"):
+                    yield _pcm16(ev[1])
+                elif opus is not None:
+                    pending = np.concatenate([pending, ev[1]])
+                    n = len(pending) // 960 * 960
+                    out = b"".join(opus.append_pcm(pending[i:i + 960]) for i in range(0, n, 960))
+                    pending = pending[n:]
+                    if out:
+                        yield out
+            elif ev[0] == "done":
+                if opus is not None and len(pending):
+                    out = opus.append_pcm(np.pad(pending, (0, 960 - len(pending))))
+                    if out:
+                        yield out
+                return
+            else:
+                return  # the status line is gone: end the body early
+    finally:
+        job.close()
+
+
+async def _sse_speech(q: asyncio.Queue, job):
+    """speech.audio.delta events carry base64 16-bit little-endian mono PCM at 24 kHz."""
+    n = 0
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "audio":
+                n += len(ev[1])
+                yield _sse({"type": "speech.audio.delta",
+                            "audio": base64.b64encode(_pcm16(ev[1])).decode()})
+            elif ev[0] == "done":
+                yield _sse({"type": "speech.audio.done",
+                            "usage": {"input_tokens": 0, "output_tokens": n // 1920,
+                                      "total_tokens": n // 1920}})
+                return
+            else:
+                yield _sse_error(ev)
+                return
+    finally:
+        job.close()

@@ -1,0 +1,104 @@
+"""What the endpoints share: served models, the bridge from engine events to asyncio,
+streamed-text bookkeeping. No FastAPI here."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from .engine import Engine
+
+KINDS = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duplex"}
+
+
+def model_kind(model) -> str:
+    from ..models.asr import StreamingASR
+
+    if isinstance(model, StreamingASR):
+        return "asr"
+    if hasattr(model, "frame_size") and hasattr(model, "session"):
+        return "duplex"
+    if hasattr(model, "stream") and hasattr(model, "voices"):
+        return "tts"
+    raise ValueError(f"cannot serve a {type(model).__name__}")
+
+
+class ModelNotFound(Exception):
+    def __init__(self, message: str, code: str = "model_not_found"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Served:
+    """The models (by the id given to --model), the engine and the limits."""
+
+    models: dict[str, object]
+    engine: Engine
+    api_key: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)
+    max_upload_bytes: int = 200 * 1024 * 1024
+    idle_timeout_s: float = 300.0
+    created: int = 0
+
+    def kind(self, model_id: str) -> str:
+        return model_kind(self.models[model_id])
+
+    def find(self, name: str | None, kind: str) -> tuple[str, object]:
+        """The served model called `name` (None: the only one of `kind`)."""
+        ids = [m for m in self.models if self.kind(m) == kind]
+        if not name:
+            if len(ids) == 1:
+                return ids[0], self.models[ids[0]]
+            if not ids:
+                raise ModelNotFound(f"this server has no {KINDS[kind]} model (serving: "
+                                    f"{', '.join(self.models)})")
+            raise ModelNotFound(f"name a model: one of {', '.join(ids)}", "model_required")
+        if name not in self.models:
+            raise ModelNotFound(f"model {name!r} is not served here; served: "
+                                f"{', '.join(self.models)}")
+        if name not in ids:
+            raise ModelNotFound(f"model {name!r} is a {KINDS[self.kind(name)]} model, not "
+                                f"{KINDS[kind]} (those served: {', '.join(ids) or 'none'})")
+        return name, self.models[name]
+
+
+class AsyncSink:
+    """Engine events into an asyncio.Queue, from any thread; events tagged with `tag`."""
+
+    def __init__(self, queue: asyncio.Queue, loop: asyncio.AbstractEventLoop, tag=None):
+        self.queue, self.loop, self.tag = queue, loop, tag
+
+    def __call__(self, event) -> None:
+        item = event if self.tag is None else (self.tag, event)
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class TextDeltas:
+    """Deltas whose concatenation is exactly the final transcript: leading whitespace is
+    dropped and trailing whitespace held back until more text follows it."""
+
+    def __init__(self):
+        self.raw = ""
+        self.sent = ""
+
+    def add(self, text: str) -> str:
+        self.raw += text
+        visible = self.raw.strip()
+        if not visible.startswith(self.sent):
+            return ""
+        delta = visible[len(self.sent):]
+        self.sent = visible
+        return delta
+
+    def final(self, text: str) -> str:
+        """The last delta, given the final transcript."""
+        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta
+
+
+def usage(result, seconds: float) -> dict:
+    n_out = len(result.token_ids)
+    n_in = int(round(seconds / 0.08))
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}

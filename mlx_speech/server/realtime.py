@@ -1,0 +1,399 @@
+"""`WS /v1/realtime`: live transcription in two dialects, chosen per connection.
+
+vLLM's (no `intent` in the query): `session.update` names the model at the top level; the
+first `input_audio_buffer.commit` (final false) starts transcribing 16 kHz pcm16 appends,
+`commit` with `final: true` ends the utterance; `transcription.delta` / `transcription.done`;
+errors are `{"type": "error", "error": "<message>", "code": ...}`.
+
+OpenAI's GA transcription dialect (`?intent=transcription`, what `openai`'s
+`client.realtime.connect` speaks): `session.update {session: {type: "transcription", audio:
+{input: {format: {type: "audio/pcm", rate: 24000}, transcription: {model}}}}}`; appends
+stream at once (resampled to the model's rate with the exact streaming resampler); a commit
+ENDS the turn; `input_audio_buffer.committed`,
+`conversation.item.input_audio_transcription.delta` / `.completed`; errors are
+`{"type": "error", "error": {"type", "code", "message", ...}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import secrets
+import time
+
+import numpy as np
+from fastapi import FastAPI, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from ..audio.resample import StreamingResampler
+from .common import AsyncSink, ModelNotFound, Served, TextDeltas, usage
+from .engine import BufferFull
+
+VLLM_RATE = 16000
+OPENAI_RATE = 24000
+
+
+def _pcm16(b64) -> np.ndarray:
+    """base64 pcm16 little-endian -> float32 (int16 / 32768, as vLLM decodes it)."""
+    if not isinstance(b64, str):
+        raise ValueError("'audio' must be a base64 string")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("'audio' is not valid base64") from None
+    if len(raw) % 2:
+        raise ValueError("pcm16 audio must have an even number of bytes")
+    return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+
+
+class _Connection:
+    """One client: a reader (client events) and a writer (one queue, one sender)."""
+
+    def __init__(self, ws: WebSocket, served: Served):
+        self.ws, self.served = ws, served
+        self.engine = served.engine
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.streams: dict[str, object] = {}  # live engine streams by item id
+        self.texts: dict[str, TextDeltas] = {}
+        self.model_id: str | None = None
+        self.model = None
+
+    def send(self, event: dict) -> None:
+        self.out.put_nowait(("local", event))
+
+    def open_stream(self, item: str):
+        s = self.engine.open_asr(self.model, self.model.session,
+                                 AsyncSink(self.out, self.loop, item))
+        self.streams[item] = s
+        self.texts[item] = TextDeltas()
+        return s
+
+    async def writer(self) -> None:
+        while True:
+            tag, ev = await self.out.get()
+            if tag == "local":
+                await self.ws.send_text(json.dumps(ev))
+                continue
+            for out in self.engine_event(tag, ev):
+                await self.ws.send_text(json.dumps(out))
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        writer = asyncio.create_task(self.writer())
+        try:
+            self.hello()
+            if not self.engine.healthy:
+                self.error("processing_error", f"the engine is not running "
+                           f"({self.engine.failed or 'stopped'})")
+                await asyncio.sleep(0)
+                return
+            await self.read_loop()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for s in self.streams.values():  # free every session at once
+                s.close()
+            self.streams.clear()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._drain(), 1.0)
+            writer.cancel()
+            with contextlib.suppress(BaseException):
+                await writer
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+
+    async def _drain(self) -> None:
+        while not self.out.empty():
+            await asyncio.sleep(0.01)
+
+    async def read_loop(self) -> None:
+        while True:
+            try:
+                msg = await asyncio.wait_for(self.ws.receive(), self.served.idle_timeout_s)
+            except asyncio.TimeoutError:
+                if any(not s.finished for s in self.streams.values()):
+                    continue  # waiting on the model is never a timeout
+                self.error("idle_timeout", f"no client event for {self.served.idle_timeout_s:g}"
+                           " s; closing")
+                return
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(msg.get("code", 1000))
+            data = msg.get("text")
+            if data is None:
+                data = (msg.get("bytes") or b"").decode("utf-8", "replace")
+            try:
+                event = json.loads(data)
+                if not isinstance(event, dict):
+                    raise ValueError
+            except ValueError:
+                self.error("invalid_json", "the message is not a JSON object")
+                continue
+            await self.handle(event)
+
+    def stream_done(self, item: str) -> None:
+        self.streams.pop(item, None)
+        self.texts.pop(item, None)
+
+    # dialect hooks
+    def hello(self) -> None: ...
+    def error(self, code: str, message: str) -> None: ...
+    async def handle(self, event: dict) -> None: ...
+    def engine_event(self, item: str, ev) -> list[dict]: ...
+
+
+class VllmConnection(_Connection):
+    def __init__(self, ws, served):
+        super().__init__(ws, served)
+        self.pending: list[np.ndarray] = []  # audio before the first commit
+        self.n_pending = 0
+        self.item: str | None = None  # the running utterance
+        self.n_items = 0
+        self.seconds: dict[str, float] = {}
+
+    def hello(self) -> None:
+        self.send({"type": "session.created", "id": f"sess-{secrets.token_hex(12)}",
+                   "created": int(time.time())})
+
+    def error(self, code: str, message: str) -> None:
+        self.send({"type": "error", "error": message, "code": code})
+
+    async def handle(self, event: dict) -> None:
+        t = event.get("type")
+        if t == "session.update":
+            try:
+                self.model_id, self.model = self.served.find(event.get("model"), "asr")
+            except ModelNotFound as e:
+                self.error("model_not_found", str(e))
+        elif t == "input_audio_buffer.append":
+            try:
+                x = _pcm16(event.get("audio"))
+            except ValueError as e:
+                self.error("invalid_audio", str(e))
+                return
+            self.append(x)
+        elif t == "input_audio_buffer.commit":
+            if self.model is None:
+                self.error("model_not_validated", "send session.update with a served model "
+                           "before committing")
+                return
+            if self.item is None:
+                self.start()
+            if event.get("final"):
+                self.streams[self.item].end()
+                self.item = None
+        else:
+            self.error("unknown_event", f"unknown event type {t!r}")
+
+    def append(self, x: np.ndarray) -> None:
+        if self.item is None:
+            limit = int(self.engine.max_buffer_s * VLLM_RATE)
+            if self.n_pending + len(x) > limit:
+                self.error("buffer_full", f"input buffer full ({self.n_pending} samples "
+                           "waiting for a commit); this chunk was not taken")
+                return
+            self.pending.append(x)
+            self.n_pending += len(x)
+            return
+        s = self.streams[self.item]
+        if self.model.sample_rate != VLLM_RATE:  # never the case for the served models
+            raise RuntimeError("vLLM's dialect carries 16 kHz audio")
+        try:
+            s.push(x)
+            self.seconds[self.item] += len(x) / VLLM_RATE
+        except BufferFull as e:
+            self.error("buffer_full", f"{e}; this chunk was not taken")
+
+    def start(self) -> None:
+        self.n_items += 1
+        self.item = f"utt-{self.n_items}"
+        s = self.open_stream(self.item)
+        self.seconds[self.item] = 0.0
+        pending, self.pending, self.n_pending = self.pending, [], 0
+        if pending:
+            x = np.concatenate(pending)
+            s.push(x)
+            self.seconds[self.item] += len(x) / VLLM_RATE
+
+    def engine_event(self, item: str, ev) -> list[dict]:
+        text = self.texts.get(item)
+        if ev[0] == "delta" and text is not None:
+            d = text.add(ev[1])
+            return [{"type": "transcription.delta", "delta": d}] if d else []
+        if ev[0] == "done" and text is not None:
+            result = ev[2]
+            out = []
+            if d := text.final(result.text):
+                out.append({"type": "transcription.delta", "delta": d})
+            out.append({"type": "transcription.done", "text": result.text,
+                        "usage": usage(result, self.seconds.pop(item, 0.0))})
+            self.stream_done(item)
+            return out
+        if ev[0] == "error":
+            self.stream_done(item)
+            if self.item == item:
+                self.item = None
+            return [{"type": "error", "error": ev[2], "code": ev[1]}]
+        return []
+
+
+class OpenAIConnection(_Connection):
+    def __init__(self, ws, served):
+        super().__init__(ws, served)
+        self.rate = OPENAI_RATE
+        self.item: str | None = None  # the turn being appended to
+        self.prev: str | None = None
+        self.resampler: StreamingResampler | None = None
+        self.session_id = f"sess_{secrets.token_hex(12)}"
+        self.bad_model: str | None = None
+        try:  # ?model=..., else the only ASR model when there is one
+            self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
+        except ModelNotFound as e:
+            if ws.query_params.get("model"):
+                self.bad_model = str(e)
+
+    def _event_id(self) -> str:
+        return f"event_{secrets.token_hex(8)}"
+
+    def session_object(self) -> dict:
+        return {"type": "transcription", "id": self.session_id,
+                "object": "realtime.transcription_session",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
+                                    "transcription": {"model": self.model_id},
+                                    "turn_detection": None}}}
+
+    def hello(self) -> None:
+        self.send({"type": "session.created", "event_id": self._event_id(),
+                   "session": self.session_object()})
+        if self.bad_model:
+            self.error("model_not_found", self.bad_model)
+
+    def error(self, code: str, message: str, event_id: str | None = None) -> None:
+        self.send({"type": "error", "event_id": self._event_id(),
+                   "error": {"type": "invalid_request_error", "code": code, "message": message,
+                             "param": None, "event_id": event_id}})
+
+    async def handle(self, event: dict) -> None:
+        t, eid = event.get("type"), event.get("event_id")
+        if t in ("session.update", "transcription_session.update"):
+            self.update(event.get("session"), eid)
+        elif t == "input_audio_buffer.append":
+            try:
+                x = _pcm16(event.get("audio"))
+            except ValueError as e:
+                self.error("invalid_audio", str(e), eid)
+                return
+            self.append(x, eid)
+        elif t == "input_audio_buffer.commit":
+            if self.item is None:
+                self.error("input_audio_buffer_commit_empty", "no audio appended since the "
+                           "last commit", eid)
+                return
+            s, item = self.streams[self.item], self.item
+            try:
+                s.push(self.resampler.finish())
+            except BufferFull as e:
+                self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
+            s.end()
+            self.send({"type": "input_audio_buffer.committed", "event_id": self._event_id(),
+                       "previous_item_id": self.prev, "item_id": item})
+            self.prev, self.item, self.resampler = item, None, None
+        elif t == "input_audio_buffer.clear":
+            if self.item is not None:
+                self.streams.pop(self.item).close()
+                self.item, self.resampler = None, None
+            self.send({"type": "input_audio_buffer.cleared", "event_id": self._event_id()})
+        else:
+            self.error("unknown_event", f"unknown event type {t!r}", eid)
+
+    def update(self, session, eid) -> None:
+        if not isinstance(session, dict):
+            self.error("invalid_value", "session.update needs a 'session' object", eid)
+            return
+        if session.get("type", "transcription") != "transcription":
+            self.error("invalid_value", "this server serves transcription sessions only "
+                       "(session.type 'transcription')", eid)
+            return
+        inp = (session.get("audio") or {}).get("input") or {}
+        fmt = inp.get("format") or {}
+        if fmt:
+            if fmt.get("type", "audio/pcm") != "audio/pcm":
+                self.error("invalid_value", "only audio/pcm input is supported", eid)
+                return
+            rate = fmt.get("rate", OPENAI_RATE)
+            if not isinstance(rate, int) or rate <= 0:
+                self.error("invalid_value", f"bad sample rate {rate!r}", eid)
+                return
+            if self.item is not None and rate != self.rate:
+                self.error("invalid_value", "cannot change the rate within a turn", eid)
+                return
+            self.rate = rate
+        if (inp.get("turn_detection") or {}).get("type"):
+            self.error("invalid_value", "turn detection is not supported; commit each turn "
+                       "(turn_detection: null)", eid)
+            return
+        name = (inp.get("transcription") or {}).get("model")
+        if name is not None:
+            try:
+                self.model_id, self.model = self.served.find(name, "asr")
+            except ModelNotFound as e:
+                self.error("model_not_found", str(e), eid)
+                return
+        self.send({"type": "session.updated", "event_id": self._event_id(),
+                   "session": self.session_object()})
+
+    def append(self, x: np.ndarray, eid) -> None:
+        if self.model is None:
+            self.error("model_not_validated", "name a served transcription model in "
+                       "session.update (session.audio.input.transcription.model)", eid)
+            return
+        if self.item is None:
+            self.item = f"item_{secrets.token_hex(8)}"
+            self.resampler = StreamingResampler(self.rate, self.model.sample_rate)
+            self.open_stream(self.item)
+        # resample first (its state must see every sample), then queue
+        y = self.resampler.feed(x)
+        try:
+            self.streams[self.item].push(y)
+        except BufferFull as e:
+            self.error("buffer_full", f"{e}; this chunk was not taken", eid)
+
+    def engine_event(self, item: str, ev) -> list[dict]:
+        text = self.texts.get(item)
+        base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
+        if ev[0] == "delta" and text is not None:
+            d = text.add(ev[1])
+            return ([{"type": "conversation.item.input_audio_transcription.delta", **base,
+                      "delta": d}] if d else [])
+        if ev[0] == "done" and text is not None:
+            result = ev[2]
+            out = []
+            if d := text.final(result.text):
+                out.append({"type": "conversation.item.input_audio_transcription.delta",
+                            **base, "delta": d})
+            u = usage(result, result.token_times[-1] if result.token_times else 0.0)
+            out.append({"type": "conversation.item.input_audio_transcription.completed",
+                        **base, "event_id": self._event_id(), "transcript": result.text,
+                        "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
+                                  "output_tokens": u["completion_tokens"],
+                                  "total_tokens": u["total_tokens"]}})
+            self.stream_done(item)
+            return out
+        if ev[0] == "error":
+            self.stream_done(item)
+            if self.item == item:
+                self.item, self.resampler = None, None
+            return [{"type": "error", "event_id": self._event_id(),
+                     "error": {"type": "server_error", "code": ev[1], "message": ev[2],
+                               "param": None, "event_id": None}}]
+        return []
+
+
+def add_routes(app: FastAPI, served: Served) -> None:
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket):
+        cls = OpenAIConnection if ws.query_params.get("intent") else VllmConnection
+        await cls(ws, served).run()
