@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
+from tests.pulse import pulse  # noqa: F401  (the PulseAudio device fixture)
 
 GOLDEN = Path(__file__).parent / "golden" / "voxtral_realtime"
 
