@@ -10,6 +10,7 @@ COMMANDS = {
     "say": "mlx_speech.say",
     "chat": "mlx_speech.chat",
     "convert": "mlx_speech.convert",
+    "app": "mlx_speech.app",
 }
 
 
