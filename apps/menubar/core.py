@@ -384,7 +384,8 @@ class App:
         text = ev.text.strip()
         rec = self.ports.recorder
         if rec is not None and ev.audio is not None:
-            p.audio = rec.save(ev.sid, np.asarray(ev.audio), 16000)
+            p.audio = rec.save(ev.sid, np.asarray(ev.audio), self.ports.microphone.sample_rate,
+                               {"text": ev.text, "tokens": list(ev.tokens)})
         if not text:
             del self.pending[ev.sid]
             self.notice = "Heard nothing"

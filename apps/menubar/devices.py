@@ -9,6 +9,9 @@ import numpy as np
 
 from mlx_speech.errors import DeviceError
 
+CLOSE_WAIT = 1.0  # seconds
+TAIL_SECONDS = 0.25
+
 
 class DeviceMicrophone:
     """Opens the input device per dictation; a small thread hands blocks to `on_block`
@@ -48,9 +51,13 @@ class DeviceMicrophone:
         mic, self._mic = self._mic, None
         if mic is None:
             return
-        mic.close()
+        # a stalled device can block PortAudio's stop; the blocks already captured are in
+        # the queue either way, so wait a little, never forever (this is the UI thread)
+        closer = threading.Thread(target=mic.close, name="mic-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT)
         self._closing.set()
-        self._thread.join()
+        self._thread.join(CLOSE_WAIT)
 
 
 class DeviceSpeaker:
@@ -67,7 +74,7 @@ class DeviceSpeaker:
         sp = Speaker(sample_rate, max(1, sample_rate // 25), device=self.device,  # 40 ms
                      prebuffer_seconds=self.prebuffer)
         sp.start()
-        self._sp = sp
+        self._sp, self._rate = sp, sample_rate
 
     def write(self, samples: np.ndarray) -> bool:
         if self._stopped:
@@ -81,6 +88,10 @@ class DeviceSpeaker:
         return not self._stopped
 
     def drain(self) -> None:
+        """Play out everything written. Silence goes after it: stopping a stream loses
+        what is still in the host/server buffers (measured: the last 80 ms on PulseAudio)."""
+        if not self.write(np.zeros(int(TAIL_SECONDS * self._rate), np.float32)):
+            return
         while not self._stopped:
             try:
                 if self._sp.drain(timeout=0.05):

@@ -120,6 +120,7 @@ class Engine:
             while i < len(batch):
                 cmd = batch[i]
                 if cmd[0] == "quit":
+                    self._close()
                     return
                 if cmd[0] == "audio":
                     j = i + 1
@@ -131,6 +132,18 @@ class Engine:
                     continue
                 self._do(getattr(self, "_" + cmd[0]), *cmd[1:])
                 i += 1
+
+    def _close(self) -> None:
+        """Free the models and this thread's MLX streams here: MLX aborts the process at
+        exit when a thread that used it did not clear its streams (mlx#3126, mx.clear_streams)."""
+        self.models.clear()
+        self.sessions.clear()
+        gc.collect()
+        try:
+            import mlx.core as mx
+        except ImportError:  # pragma: no cover
+            return
+        mx.clear_streams()
 
     def _do(self, fn, *args) -> None:
         try:
@@ -230,7 +243,8 @@ class Engine:
         result = s.session.result()
         audio = (np.concatenate(s.audio) if s.audio else np.zeros(0, np.float32)) \
             if s.keep_audio else None
-        self.emit(Final(sid, result.text, getattr(s.session, "seconds", 0.0), audio))
+        self.emit(Final(sid, result.text, getattr(s.session, "seconds", 0.0), audio,
+                        tuple(getattr(result, "token_ids", ()))))
 
     def _cancel(self, sid: int) -> None:
         self.sessions.pop(sid, None)

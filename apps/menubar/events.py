@@ -61,6 +61,7 @@ class Final:
     text: str
     seconds: float  # audio the session received
     audio: object = field(default=None, compare=False)  # the samples, when kept
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,8 @@ class ModelStore(Protocol):
 
 
 class Recorder(Protocol):
-    def save(self, n: int, samples: np.ndarray, sample_rate: int) -> str | None:
-        """Keep the audio a dictation's session received; returns where."""
+    def save(self, n: int, samples: np.ndarray, sample_rate: int, info: dict) -> str | None:
+        """Keep the audio a dictation's session received (and its result); returns where."""
 
 
 # ---------------------------------------------------------------- in-memory implementations

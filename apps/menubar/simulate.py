@@ -41,17 +41,19 @@ TAP_SECONDS = 0.02
 
 
 class WavRecorder:
-    """--save-audio DIR: the samples each dictation's session received, as float wav."""
+    """--save-audio DIR: the samples each dictation's session received, as float wav, and
+    its result (text, token ids) beside it as JSON."""
 
     def __init__(self, folder: str):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def save(self, n, samples, sample_rate):
+    def save(self, n, samples, sample_rate, info):
         import soundfile as sf
 
         path = self.folder / f"dictation-{n}.wav"
         sf.write(str(path), samples, sample_rate, subtype="FLOAT")
+        path.with_suffix(".json").write_text(json.dumps(info), encoding="utf-8")
         return str(path)
 
 
