@@ -147,4 +147,5 @@ def run(settings: Settings, stdin=None, stdout=None, *, save_audio: str | None =
             engine.stop_speaking(app.speaking[0])
         ports.microphone.close()
         engine.shutdown()
+        app.pump()  # report what the engine said on its way out (e.g. a failed load)
     return 0
