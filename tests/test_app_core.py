@@ -46,6 +46,16 @@ def advance(app, clock, dt):
     app.pump()
 
 
+def hold_to_talk(app, clock) -> int:
+    """Hold the dictation key past the hold delay, then let go; returns the session id."""
+    key(app, clock, "dictate", True)
+    advance(app, clock, 0.3)
+    sid = app.capture.sid
+    key(app, clock, "dictate", False)
+    advance(app, clock, 0.05)
+    return sid
+
+
 def kinds(events, kind):
     return [e for e in events if e["event"] == kind]
 
@@ -243,11 +253,7 @@ def test_long_text_is_pasted_and_the_full_clipboard_restored_when_untouched():
                               (("public.rtf", b"{\\rtf1 b}"),)))
     clip.restore(snap)
     app, clock, ev = make_app(Settings(type_max_chars=10, preload_asr=False), clipboard=clip)
-    key(app, clock, "dictate", True)
-    advance(app, clock, 0.3)
-    sid = app.capture.sid
-    key(app, clock, "dictate", False)
-    advance(app, clock, 0.05)
+    sid = hold_to_talk(app, clock)
     text = "a long enough dictation to paste"
     app.post(Final(sid, text, 2.0))
     app.pump()
@@ -263,11 +269,7 @@ def test_long_text_is_pasted_and_the_full_clipboard_restored_when_untouched():
 def test_clipboard_is_not_restored_over_something_the_user_copied():
     clip = MemoryClipboard("mine")
     app, clock, ev = make_app(Settings(type_max_chars=3, preload_asr=False), clipboard=clip)
-    key(app, clock, "dictate", True)
-    advance(app, clock, 0.3)
-    sid = app.capture.sid
-    key(app, clock, "dictate", False)
-    advance(app, clock, 0.05)
+    sid = hold_to_talk(app, clock)
     app.post(Final(sid, "pasted text", 2.0))
     app.pump()
     clip.write_text("copied meanwhile")  # another app wrote the clipboard
@@ -283,11 +285,7 @@ def test_clipboard_is_not_restored_over_something_the_user_copied():
 def test_inserter_errors_surface_in_the_menu_and_the_text_stays_in_recent(result, state, words):
     app, clock, ev = make_app()
     app.ports.inserter.result = result
-    key(app, clock, "dictate", True)
-    advance(app, clock, 0.3)
-    sid = app.capture.sid
-    key(app, clock, "dictate", False)
-    advance(app, clock, 0.05)
+    sid = hold_to_talk(app, clock)
     app.post(Final(sid, "important words", 1.0))
     app.pump()
     menu = present(app.view())
@@ -487,3 +485,39 @@ def test_committer_tail():
     assert c.tail(18) == "\u2026week is simple"  # never half a word
 
 
+
+
+def test_download_progress_is_in_bytes():
+    from mlx_speech.app.engine import byte_progress
+
+    got = []
+    Bar = byte_progress(lambda done, total: got.append((done, total)))
+    files = Bar(total=3, unit="it")  # huggingface_hub's file counter: not bytes
+    files.update(1)
+    b = Bar(total=0, unit="B")
+    b.total = 1000  # the hub grows the total as files start
+    b.update(250)
+    b.update(250)
+    assert got == [(250, 1000), (500, 1000)]
+
+
+def test_a_model_that_cannot_load_is_an_error_not_a_hang():
+    from mlx_speech.app.engine import Engine
+    from mlx_speech.errors import CheckpointError
+
+    def load(folder):
+        raise CheckpointError(f"{folder} is not a supported checkpoint")
+
+    holder: list = []
+    engine = Engine(lambda ev: holder[0].post(ev), store=Store(), load=load).start()
+    events: list = []
+    app, clock, events = make_app(Settings(asr_model="m"), engine=engine, events=events)
+    holder.append(app)
+    try:
+        hold_to_talk(app, clock)
+        pump_until(app, lambda: not app.busy)
+        msgs = [e["message"] for e in kinds(events, "error")]
+        assert "cannot load m: m is not a supported checkpoint" in msgs
+        assert present(app.view()).state == "error" and app.models["asr"].status == "failed"
+    finally:
+        engine.shutdown()
