@@ -12,6 +12,8 @@ test fixture's daemon: a FIFO-fed microphone, a null-sink speaker) and prints nu
 * hotkey -> first audio: from "press speak" to the "speaking" event (the first chunk is in
   the speaker's queue); warm (model loaded; the cold first press is printed apart) and
   press -> spoken (the whole utterance played);
+* peers, in this process on the same checkpoints: the library's `transcribe()` of the same
+  2 s of audio, and the first chunk of `stream()`; the ratios show the app's overhead;
 * idle CPU (% of one core over 5 s) and resident memory of the app process with no model
   and with the model(s) loaded; a bare `python -c "import mlx.core"` is the memory baseline.
 
@@ -155,6 +157,35 @@ def speak(pulse, folder: Path, voice: str, runs: int) -> dict:
         sim.quit(timeout=120)
 
 
+def library_asr(folder: Path, runs: int) -> float:
+    """The peer: the library alone, in this process, on the same audio: seconds for
+    `transcribe()` of 2 s (all the work the app spreads over the recording and the release)."""
+    import mlx_speech
+
+    m = mlx_speech.load(folder)
+    times = []
+    for r in range(runs):
+        t = time.perf_counter()
+        m.transcribe(speechlike(2.0, seed=r), 16000)
+        times.append(time.perf_counter() - t)
+    return med(times)
+
+
+def library_tts_first(folder: Path, voice: str, runs: int) -> float:
+    """The peer: seconds to the first chunk of `stream()` in this process (warm)."""
+    import mlx_speech
+
+    tts = mlx_speech.load(folder)
+    times = []
+    for _ in range(runs + 1):
+        t = time.perf_counter()
+        it = tts.stream(TEXT, voice=voice, max_frames=40)
+        next(it)
+        times.append(time.perf_counter() - t)
+        it.close()
+    return med(times[1:])
+
+
 def med(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -190,6 +221,10 @@ def main() -> None:
                                                                     strict=True))
                       + f"); idle with the model loaded: {r['idle_cpu']:.1f}% CPU, "
                       f"{r['idle_mb']:.0f} MB")
+                peer = library_asr(folder, args.runs)
+                log(f"  peer: the library's transcribe() of the same 2 s in-process "
+                    f"{1000 * peer:.0f} ms; app release -> inserted / that = "
+                    f"{med(r['release_ms']) / (1000 * peer):.2f}")
             for name in filter(None, args.tts.split(",")):
                 folder, voice = tts_checkpoint(name, tmp)
                 r = speak(pulse, folder, voice, args.runs)
@@ -197,6 +232,9 @@ def main() -> None:
                 log(f"speak selection, Voxtral TTS {name}: hotkey -> first audio median "
                       f"{med(r['first_ms']):.0f} ms warm ({r['cold_first_ms']:.0f} ms cold, "
                       f"incl. the load); press -> spoken: {whole}")
+                peer = library_tts_first(folder, voice, args.runs)
+                log(f"  peer: the library's stream() first chunk in-process {1000 * peer:.0f} ms;"
+                    f" app hotkey -> first audio / that = {med(r['first_ms']) / (1000 * peer):.2f}")
                 log(f"  idle: no model {r['idle_cpu_no_model']:.1f}% CPU, "
                       f"{r['idle_mb_no_model']:.0f} MB; TTS model loaded {r['idle_cpu']:.1f}% "
                       f"CPU, {r['idle_mb']:.0f} MB")
