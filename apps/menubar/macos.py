@@ -171,6 +171,12 @@ class MacPermissions:
         subprocess.run(["open", PANES[kind]], check=False)
 
 
+# ANSI virtual key codes: a chord's letter is matched by key position, because with Option
+# held macOS reports another character (Option-S is "ß")
+ANSI_VK = dict(zip("asdfhgzxcvbqweryt123465=97-80]ou[ip\rlj'k;\\,/nm.",
+                   [*range(0, 10), *range(11, 34), *range(34, 48)], strict=False))
+
+
 class Hotkeys:
     """pynput listener -> Key events. A spec is "alt_r" or "ctrl+alt+s"; its "down" comes
     when all its keys are down and its "up" when the last of them is released."""
@@ -187,33 +193,36 @@ class Hotkeys:
     def _parse(self, spec: str) -> frozenset:
         keys = set()
         for part in spec.lower().split("+"):
-            part = {"ctrl": "ctrl", "control": "ctrl", "option": "alt", "opt": "alt",
+            part = {"control": "ctrl", "option": "alt", "opt": "alt",
                     "command": "cmd"}.get(part, part)
             if hasattr(self.kb.Key, part):
                 keys.add(getattr(self.kb.Key, part))
-            elif len(part) == 1:
-                keys.add(self.kb.KeyCode.from_char(part))
+            elif part in ANSI_VK:
+                keys.add(("vk", ANSI_VK[part]))
             else:
                 raise ValueError(f"unknown key {part!r} in hotkey {spec!r}")
         return frozenset(keys)
 
-    def _norm(self, key):
-        if isinstance(key, self.kb.KeyCode) and key.char:
-            return self.kb.KeyCode.from_char(key.char.lower())
-        return key
+    def _token(self, key):
+        if isinstance(key, self.kb.Key):
+            return key
+        vk = getattr(key, "vk", None)
+        if vk is not None:
+            return ("vk", vk)
+        return ("char", (key.char or "").lower())
 
     def _press(self, key) -> None:
-        key = self._norm(key)
-        if key == self.kb.Key.esc:
+        tok = self._token(key)
+        if tok == self.kb.Key.esc:
             self.post(Key("esc", True))
-        self.down.add(key)
+        self.down.add(tok)
         for name, chord in self.chords.items():
             if name not in self.active and chord <= self.down:
                 self.active.add(name)
                 self.post(Key(name, True))
 
     def _release(self, key) -> None:
-        self.down.discard(self._norm(key))
+        self.down.discard(self._token(key))
         for name in list(self.active):
             if not (self.chords[name] & self.down):  # all of the chord's keys are up
                 self.active.discard(name)
