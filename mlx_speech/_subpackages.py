@@ -15,7 +15,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SOURCE_TREE = {"mlx_speech.convert": "convert"}
+SOURCE_TREE = {"mlx_speech.convert": "convert", "mlx_speech.app": "apps/menubar"}
 
 
 class _SourceTreeFinder:

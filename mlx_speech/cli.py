@@ -11,6 +11,7 @@ COMMANDS = {
     "chat": "mlx_speech.chat",
     "convert": "mlx_speech.convert",
     "server": "mlx_speech.server",
+    "app": "mlx_speech.app",
 }
 
 

@@ -66,13 +66,14 @@ def detect_model_type(folder: Path) -> str:
     )
 
 
-def _download(repo: str, patterns: list[str]) -> Path:
+def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - a core dependency
         raise CheckpointError("huggingface-hub is required to download models") from None
     try:
-        return Path(snapshot_download(repo, allow_patterns=patterns))
+        kw = {} if tqdm_class is None else {"tqdm_class": tqdm_class}
+        return Path(snapshot_download(repo, allow_patterns=patterns, **kw))
     except Exception as e:  # network, auth, missing repo: one clear line
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1 and not in the local cache)" if offline else ""
@@ -80,9 +81,10 @@ def _download(repo: str, patterns: list[str]) -> Path:
                               f"{type(e).__name__}: {e}".splitlines()[0]) from None
 
 
-def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
+def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None) -> Path:
     """A local folder as is, else a hub repo: configs first, then the files the
-    model type needs (`weight_patterns(model_type, folder) -> list[str]`)."""
+    model type needs (`weight_patterns(model_type, folder) -> list[str]`).
+    `tqdm_class` goes to huggingface_hub (the app reads its byte progress)."""
     p = Path(path_or_repo).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -96,7 +98,8 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns) -> Path:
         return _download(repo, ["*"])
     if not any((folder / f).exists() for f in CONFIG_FILES):  # legacy Kyutai layout
         folder = _download(repo, CONFIG_FILES + [MIMI_FILE])
-    return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder))
+    return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder),
+                     tqdm_class)
 
 
 def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config):

@@ -1,0 +1,105 @@
+"""mlx_speech.app: dictation anywhere and speak-selection from the macOS menu bar.
+
+    mlx_speech.app                          # the menu-bar app (macOS)
+    mlx_speech.app --install-app            # a double-clickable "MLX Speech.app" in ~/Applications
+    mlx_speech.app --login-item on|off      # start it at login (a LaunchAgent, loaded)
+    mlx_speech.app --simulate [--asr-model ID] [--tts-model ID]   # headless: stdin -> JSON lines
+    mlx_speech.app --preview DIR            # one PNG per state, and each menu as text
+
+Hold the dictation hotkey (right Option) to talk, tap it for hands-free; Esc cancels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlx_speech.cliutil import log, run_cli
+from mlx_speech.errors import MlxSpeechError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx_speech.app", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--simulate", action="store_true",
+                      help="headless: real models and audio devices, hotkeys from stdin")
+    mode.add_argument("--preview", metavar="DIR", help="write one PNG per state into DIR")
+    mode.add_argument("--install-app", nargs="?", const="~/Applications", metavar="DIR",
+                      help="write the launcher app bundle (default ~/Applications)")
+    mode.add_argument("--login-item", choices=("on", "off"),
+                      help="start the app at login, or stop doing so")
+    p.add_argument("--asr-model", help="speech-to-text model (hub id or folder)")
+    p.add_argument("--tts-model", help="text-to-speech model (hub id or folder)")
+    p.add_argument("--voice", help="TTS voice (default: the model's)")
+    p.add_argument("--max-frames", type=int, help="TTS: at most this many 80 ms frames")
+    p.add_argument("--delay-ms", type=int, help="Voxtral transcription delay")
+    p.add_argument("--latency-ms", type=int, choices=(80, 160, 560, 1120),
+                   help="Nemotron latency mode")
+    p.add_argument("--no-preload", action="store_true",
+                   help="load the speech model on first use instead of at start")
+    p.add_argument("--save-audio", metavar="DIR",
+                   help="--simulate: keep the audio each dictation's session received")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
+    return p
+
+
+def _settings(args, base=None):
+    from .settings import Settings
+
+    s = base or Settings()
+    changes = {k: v for k, v in (("asr_model", args.asr_model), ("tts_model", args.tts_model),
+                                 ("voice", args.voice), ("tts_max_frames", args.max_frames),
+                                 ("delay_ms", args.delay_ms), ("latency_ms", args.latency_ms))
+               if v is not None}
+    if args.no_preload:
+        changes["preload_asr"] = False
+    return s.replace(**changes)
+
+
+def _run(args) -> None:
+    if args.max_frames is not None and args.max_frames <= 0:
+        raise MlxSpeechError("--max-frames must be a positive number of frames")
+    if args.delay_ms is not None:
+        from mlx_speech.models.voxtral_realtime.session import delay_tokens
+
+        delay_tokens(args.delay_ms)
+    if args.save_audio and not args.simulate:
+        raise MlxSpeechError("--save-audio is for --simulate")
+    if args.preview:
+        from .preview import write_previews
+
+        for name, text in write_previews(args.preview):
+            print(f"== {name}\n{text}\n")
+        return
+    if args.simulate:
+        from . import simulate
+
+        simulate.run(_settings(args), save_audio=args.save_audio)
+        return
+    if args.install_app is not None:
+        from .bundle import install_app
+
+        path = install_app(args.install_app)
+        log(f"wrote {path}: open it once and grant Microphone and Accessibility to it")
+        return
+    if args.login_item is not None:
+        from .bundle import set_login_item
+
+        log(set_login_item(args.login_item == "on"))
+        return
+    if sys.platform != "darwin":
+        raise MlxSpeechError("the menu-bar app needs macOS; try --simulate or --preview DIR")
+    from . import macos
+    from .settings import load_settings
+
+    macos.run(_settings(args, load_settings()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_cli(_run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

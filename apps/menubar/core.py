@@ -1,0 +1,601 @@
+"""The app's state machine: pure Python, an injected clock, one event queue.
+
+Hotkeys, menu clicks, microphone levels and engine results arrive as events (`post()` is the
+only thread-safe entry); whoever owns the UI thread calls `pump()`, which handles them and
+runs the timers (`tick()`; `wait_time()` says how long it may sleep). Nothing here blocks on
+MLX: the engine does that on its own thread.
+
+Rules it keeps:
+- every final transcript is inserted or kept in Recent (including one spoken while the model
+  loads: the engine's queue holds the audio; a cancelled one goes to Recent, not to the app);
+- nothing is inserted while a hotkey key is still down;
+- short text is typed, long text pasted; the clipboard's FULL snapshot is restored after a
+  paste only if its change token is still ours;
+- permissions are checked before capture starts (you never speak into nothing);
+- failures show in the menu (error / needs permission), never silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .committer import Committer
+from .events import (
+    Final,
+    Key,
+    Level,
+    MenuAction,
+    ModelStatus,
+    Partial,
+    Quit,
+    SessionFailed,
+    SpeakDone,
+    SpeakFailed,
+    SpeakStarted,
+)
+from .gestures import DOUBLE_TAP, HOLD, PRESS, RELEASE, TAP, GestureConfig, Gestures
+from .ports import ClipboardSnapshot, InsertResult, Ports
+from .settings import Settings
+
+__all__ = ["App", "Key", "MenuAction", "Quit", "View"]
+
+SILENCE_RMS = 1e-3  # about -60 dBFS: below this a block counts as silence
+MAX_WAIT = 1.0  # the pump wakes at least this often
+
+
+@dataclass
+class Capture:
+    """The dictation being recorded."""
+
+    sid: int
+    started_at: float
+    focus: object
+    mode: str | None = None  # None until the gesture is known, then "hold" | "toggle"
+    last_sound_at: float = 0.0
+    blocks: int = 0
+    silent: bool = False
+
+
+@dataclass
+class Pending:
+    """A dictation whose session is finishing, or whose text waits for the keys to go up."""
+
+    sid: int
+    focus: object
+    cancelled: bool = False
+    text: str | None = None
+    audio: str | None = None
+
+
+@dataclass(frozen=True)
+class RecentItem:
+    text: str
+    inserted: bool
+    how: str | None = None  # "typed" | "pasted"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    status: str = "unloaded"
+    done: int = 0
+    total: int = 0
+    error: str | None = None
+    voices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything the menu shows: `present(view)` turns it into a menu model."""
+
+    settings: Settings
+    listening: bool = False  # capturing, gesture confirmed
+    mode: str | None = None
+    partial: str = ""
+    silent: bool = False
+    finalizing: int = 0
+    speaking: bool = False
+    speak_text: str = ""
+    asr: ModelInfo = ModelInfo("")
+    tts: ModelInfo = ModelInfo("")
+    recent: tuple[RecentItem, ...] = ()
+    error: str | None = None
+    needs: tuple[str, ...] = ()
+    notice: str | None = None
+
+
+class App:
+    def __init__(self, ports: Ports, engine, settings: Settings | None = None, *,
+                 clock: Callable[[], float], emit: Callable[[dict], None] | None = None,
+                 save_settings: Callable[[Settings], None] | None = None):
+        self.ports, self.engine, self.clock = ports, engine, clock
+        self.settings = settings or Settings()
+        self._emit_fn = emit
+        self._save = save_settings
+        self._queue: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        s = self.settings
+        cfg = GestureConfig(s.hold_delay_ms / 1000, s.double_tap_ms / 1000, s.debounce_ms / 1000)
+        self.gestures = {"dictate": Gestures(cfg), "speak": Gestures(cfg)}
+        self.capture: Capture | None = None
+        self.pending: dict[int, Pending] = {}  # sid -> finishing or waiting to insert
+        self.partials: dict[int, Committer] = {}
+        self.speaking: tuple[int, str] | None = None
+        self.recent: deque[RecentItem] = deque(maxlen=max(1, s.recent_size))
+        self.models = {"asr": ModelInfo(s.asr_model), "tts": ModelInfo(s.tts_model)}
+        self.error: str | None = None
+        self.needs: tuple[str, ...] = ()
+        self.notice: str | None = None
+        self._restore: tuple[float, ClipboardSnapshot, int] | None = None
+        self._last_used = clock()
+        self._state = None
+        self.quitting = self.done = False
+
+    # ------------------------------------------------------------------ driving
+    def start(self) -> None:
+        self._state_changed()
+        if self.settings.preload_asr:
+            self.engine.load("asr", self.settings.asr_model)
+
+    def post(self, event) -> None:
+        """Thread-safe: hotkey listeners, the capture thread and the engine call this."""
+        self._queue.put(event)
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """Handle every queued event (waiting up to `timeout` for the first), then the timers."""
+        try:
+            ev = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            ev = None
+        while ev is not None:
+            self.handle(ev)
+            try:
+                ev = self._queue.get_nowait()
+            except queue.Empty:
+                ev = None
+        self.tick()
+
+    def wait_time(self) -> float:
+        """How long the pump may sleep before a timer is due."""
+        now = self.clock()
+        due = [g.next_deadline() for g in self.gestures.values()]
+        if self._restore is not None:
+            due.append(self._restore[0])
+        if self.capture is not None or self.quitting:
+            due.append(now + 0.25)
+        due = [d for d in due if d is not None]
+        return max(0.0, min([MAX_WAIT] + [d - now for d in due]))
+
+    def handle(self, ev) -> None:
+        try:
+            self._handle(ev)
+        except Exception as e:  # a bug must show in the menu, not kill the app
+            traceback.print_exc(file=sys.stderr)
+            self._fail(f"internal error: {type(e).__name__}: {e}")
+        self._state_changed()
+
+    def tick(self) -> None:
+        t = self.clock()
+        for name, g in self.gestures.items():
+            for gesture in g.tick(t):
+                self._gesture(name, gesture)
+        self._try_insert()
+        if self._restore is not None and t >= self._restore[0]:
+            self._restore_clipboard()
+        c = self.capture
+        if c is not None and c.mode is not None:
+            silent = t - max(c.last_sound_at, c.started_at) >= self.settings.silent_after_s
+            if silent != c.silent:
+                c.silent = silent
+        self._maybe_unload(t)
+        if self.quitting and not self.busy:
+            self.done = True
+        self._state_changed()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.capture or self.pending or self.speaking or self._restore)
+
+    # ------------------------------------------------------------------ what the menu shows
+    def view(self) -> View:
+        c = self.capture
+        sid = c.sid if c is not None else (max(self.pending) if self.pending else None)
+        partial = self.partials[sid].tail() if sid in self.partials else ""
+        return View(
+            settings=self.settings, listening=c is not None and c.mode is not None,
+            mode=c.mode if c else None, partial=partial, silent=bool(c and c.silent),
+            finalizing=sum(1 for p in self.pending.values() if not p.cancelled),
+            speaking=self.speaking is not None,
+            speak_text=self.speaking[1] if self.speaking else "",
+            asr=self.models["asr"], tts=self.models["tts"], recent=tuple(self.recent),
+            error=self.error, needs=self.needs, notice=self.notice)
+
+    # ------------------------------------------------------------------ events
+    def _handle(self, ev) -> None:
+        if isinstance(ev, Key):
+            self._key(ev)
+        elif isinstance(ev, Level):
+            self._level(ev)
+        elif isinstance(ev, Partial):
+            com = self.partials.get(ev.sid)
+            if com is not None and com.add(ev.delta):
+                self._emit({"event": "partial", "text": com.text})
+        elif isinstance(ev, Final):
+            self._final(ev)
+        elif isinstance(ev, SessionFailed):
+            self.pending.pop(ev.sid, None)
+            self.partials.pop(ev.sid, None)
+            self._fail(f"transcription failed: {ev.message}")
+        elif isinstance(ev, ModelStatus):
+            self._model_status(ev)
+        elif isinstance(ev, SpeakStarted):
+            if self.speaking and self.speaking[0] == ev.sid:
+                self._emit({"event": "speaking", "text": self.speaking[1]})
+        elif isinstance(ev, SpeakDone):
+            if self.speaking and self.speaking[0] == ev.sid:
+                self.speaking = None
+            self._touch()
+            self._emit({"event": "spoken", "seconds": round(ev.seconds, 3),
+                        "stopped": ev.stopped})
+        elif isinstance(ev, SpeakFailed):
+            if self.speaking and self.speaking[0] == ev.sid:
+                self.speaking = None
+            self._fail(f"cannot speak: {ev.message}")
+        elif isinstance(ev, MenuAction):
+            self._action(ev.id)
+        elif isinstance(ev, Quit):
+            self.quitting = True
+            if self.capture is not None:
+                self._stop_capture()
+        else:
+            raise TypeError(f"unknown event {ev!r}")
+
+    def _key(self, ev: Key) -> None:
+        if ev.name == "esc":
+            if ev.down:
+                self._cancel()
+            return
+        g = self.gestures.get(ev.name)
+        if g is None:
+            raise ValueError(f"unknown hotkey {ev.name!r}")
+        t = self.clock()
+        for gesture in (g.down(t) if ev.down else g.up(t)):
+            self._gesture(ev.name, gesture)
+        self._try_insert()
+
+    def _gesture(self, name: str, gesture: str) -> None:
+        if name == "speak":
+            if gesture == PRESS:
+                self._speak_pressed()
+            return
+        c = self.capture
+        if gesture == PRESS:
+            if self.speaking:
+                self._stop_speaking()
+            if c is None:
+                self._start_capture()
+            elif c.mode == "toggle":
+                self._stop_capture()
+        elif c is None or c.mode not in (None, "hold"):
+            return
+        elif gesture == HOLD and c.mode is None:
+            c.mode = "hold"
+        elif gesture == RELEASE and c.mode == "hold":
+            self._stop_capture()
+        elif gesture == TAP and c.mode is None:
+            if self.settings.toggle == "tap":
+                c.mode = "toggle"
+            else:  # the first of a double tap: not a dictation
+                self._discard_capture()
+        elif gesture == DOUBLE_TAP and c.mode is None:
+            c.mode = "toggle"
+
+    # ------------------------------------------------------------------ dictation
+    def _check(self, kinds: tuple[str, ...]) -> bool:
+        missing = tuple(k for k in kinds if not self.ports.permissions.granted(k))
+        self.needs = missing
+        if missing:
+            self._emit({"event": "error", "message": "permission needed: " + ", ".join(missing)})
+        return not missing
+
+    def _start_capture(self, mode: str | None = None) -> None:
+        if not self._check(("microphone", "accessibility")):
+            self.gestures["dictate"].cancel()
+            return
+        self.error = self.notice = None
+        sid = next(self._ids)
+        t = self.clock()
+        focus = self.ports.inserter.focus()
+        self.partials[sid] = Committer()
+        s = self.settings
+        # the session is queued before the first block (it waits behind a model load)
+        self.engine.begin(sid, s.asr_model, {"delay_ms": s.delay_ms,
+                                             "latency_ms": s.latency_ms})
+        try:
+            self.ports.microphone.open(lambda block: self._on_block(sid, block))
+        except Exception as e:
+            self.engine.cancel(sid)
+            self.partials.pop(sid, None)
+            self.gestures["dictate"].cancel()
+            self._fail(str(e))
+            return
+        self.capture = Capture(sid, t, focus, mode=mode, last_sound_at=t)
+        self._touch()
+
+    def _on_block(self, sid: int, block: np.ndarray) -> None:
+        """On the capture thread: queues only."""
+        self.engine.audio(sid, block)
+        rms = float(np.sqrt(np.mean(np.square(block, dtype=np.float64)))) if len(block) else 0.0
+        self.post(Level(sid, rms))
+
+    def _level(self, ev: Level) -> None:
+        c = self.capture
+        if c is None or c.sid != ev.sid:
+            return
+        c.blocks += 1
+        if ev.rms > SILENCE_RMS:
+            c.last_sound_at = self.clock()
+            c.silent = False
+
+    def _stop_capture(self) -> None:
+        c, self.capture = self.capture, None
+        self.ports.microphone.close()  # every captured block is in the engine's queue now
+        self.engine.finish(c.sid)
+        self.pending[c.sid] = Pending(c.sid, c.focus)
+        self._touch()
+
+    def _discard_capture(self) -> None:
+        c, self.capture = self.capture, None
+        self.ports.microphone.close()
+        self.engine.cancel(c.sid)
+        self.partials.pop(c.sid, None)
+
+    def _cancel(self) -> None:
+        """Esc: stop recording and speaking; what was said goes to Recent, not to the app."""
+        cancelled = False
+        if self.capture is not None:
+            sid = self.capture.sid
+            self._stop_capture()
+            self.gestures["dictate"].cancel()
+            self.pending[sid].cancelled = True
+            cancelled = True
+        for p in self.pending.values():
+            if not p.cancelled:
+                p.cancelled = cancelled = True
+        if self.speaking:
+            self._stop_speaking()
+        if cancelled:
+            self.notice = "Cancelled: the text goes to Recent, not to the app"
+
+    def _final(self, ev: Final) -> None:
+        p = self.pending.get(ev.sid)
+        self.partials.pop(ev.sid, None)
+        if p is None:  # a discarded session
+            return
+        text = ev.text.strip()
+        rec = self.ports.recorder
+        if rec is not None and ev.audio is not None:
+            p.audio = rec.save(ev.sid, np.asarray(ev.audio), self.ports.microphone.sample_rate,
+                               {"text": ev.text, "tokens": list(ev.tokens)})
+        if not text:
+            del self.pending[ev.sid]
+            self.notice = "Heard nothing"
+            return
+        if p.cancelled:
+            del self.pending[ev.sid]
+            self._keep(text, False, note="cancelled", audio=p.audio)
+            return
+        p.text = text
+        self._try_insert()
+
+    def _keys_down(self) -> bool:
+        return any(g.is_down for g in self.gestures.values())
+
+    def _try_insert(self) -> None:
+        ready = [p for p in self.pending.values() if p.text is not None]
+        if not ready or self._keys_down():
+            return
+        for p in sorted(ready, key=lambda p: p.sid):
+            if any(q.sid < p.sid and q.text is None and not q.cancelled
+                   for q in self.pending.values()):
+                break  # an earlier dictation is still finishing: keep the order
+            del self.pending[p.sid]
+            self._deliver(p)
+
+    def _deliver(self, p: Pending) -> None:
+        r, how = self._insert(p.text, p.focus)
+        if r is InsertResult.OK:
+            ev = {"event": "inserted", "text": p.text, "how": how}
+            self._emit(ev)
+            self._keep(p.text, True, how=how, audio=p.audio)
+            return
+        msg = {InsertResult.NO_PERMISSION: "Accessibility permission is needed to type",
+               InsertResult.FOCUS_CHANGED: "the focused app changed",
+               InsertResult.FAILED: "the text could not be inserted"}[r]
+        if r is InsertResult.NO_PERMISSION:
+            self.needs = ("accessibility",)
+        self._fail(f"{msg}: kept in Recent (Paste last)")
+        self._keep(p.text, False, note=r.value, audio=p.audio)
+
+    def _insert(self, text: str, focus: object | None,
+                paste: bool = False) -> tuple[InsertResult, str]:
+        """Type short text, paste long text (restoring the clipboard later)."""
+        ports = self.ports
+        if not ports.permissions.granted("accessibility"):
+            return InsertResult.NO_PERMISSION, ""
+        if focus is not None and ports.inserter.focus() != focus:
+            return InsertResult.FOCUS_CHANGED, ""
+        if not paste and len(text) <= self.settings.type_max_chars:
+            return self._call(ports.inserter.type_text, text), "typed"
+        if self._restore is not None:  # an earlier paste's restore first
+            self._restore_clipboard()
+        snap = ports.clipboard.snapshot()
+        token = ports.clipboard.write_text(text)
+        r = self._call(ports.inserter.paste)
+        self._restore = (self.clock() + self.settings.restore_delay_ms / 1000, snap, token)
+        return r, "pasted"
+
+    @staticmethod
+    def _call(fn, *args) -> InsertResult:
+        try:
+            return InsertResult(fn(*args))
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            return InsertResult.FAILED
+
+    def _restore_clipboard(self) -> None:
+        _, snap, token = self._restore
+        self._restore = None
+        cb = self.ports.clipboard
+        if cb.token() == token:  # nobody wrote it since our paste: give it back, all of it
+            cb.restore(snap)
+
+    def _keep(self, text: str, inserted: bool, how: str | None = None, note: str = "",
+              audio: str | None = None) -> None:
+        self.recent.appendleft(RecentItem(text, inserted, how, note))
+        ev = {"event": "recent", "text": text, "inserted": inserted}
+        if audio:
+            ev["audio"] = audio
+        self._emit(ev)
+
+    # ------------------------------------------------------------------ speak selection
+    def _speak_pressed(self) -> None:
+        if self.speaking:
+            self._stop_speaking()
+            return
+        if self.capture is not None:
+            self.notice = "Dictating: speak selection waits"
+            return
+        if not self._check(("accessibility",)):
+            return
+        try:
+            text = self.ports.selection.read()
+        except Exception as e:
+            self._fail(f"cannot read the selection: {e}")
+            return
+        if not text or not text.strip():
+            self._fail("nothing selected to speak")
+            return
+        self.error = self.notice = None
+        sid = next(self._ids)
+        text = text.strip()
+        self.speaking = (sid, text)
+        s = self.settings
+        self.engine.speak(sid, text, s.tts_model, {"voice": s.voice, "seed": s.tts_seed,
+                                                   "max_frames": s.tts_max_frames})
+        self._touch()
+
+    def _stop_speaking(self) -> None:
+        sid, _ = self.speaking
+        self.speaking = None
+        self.engine.stop_speaking(sid)  # silences the speaker now, from this thread
+
+    # ------------------------------------------------------------------ models, menu, timers
+    def _model_status(self, ev: ModelStatus) -> None:
+        old = self.models[ev.kind]
+        voices = ev.voices or (old.voices if old.model_id == ev.model_id else ())
+        self.models[ev.kind] = ModelInfo(ev.model_id, ev.status, ev.done, ev.total, ev.error,
+                                         voices)
+        if ev.status == "failed":
+            self._fail(f"cannot load {ev.model_id}: {ev.error}")
+        if ev.status == "ready":
+            self._touch()
+
+    def _maybe_unload(self, t: float) -> None:
+        minutes = self.settings.unload_after_min
+        if not minutes or self.busy or t - self._last_used < minutes * 60:
+            return
+        for kind, m in self.models.items():
+            if m.status == "ready":
+                self.engine.unload(kind)
+                self.models[kind] = ModelInfo(m.model_id, "unloading", voices=m.voices)
+
+    def _touch(self) -> None:
+        self._last_used = self.clock()
+
+    def _action(self, aid: str) -> None:
+        name, _, arg = aid.partition(":")
+        s = self.settings
+        if name == "dictate":
+            if self.capture is not None:
+                self._stop_capture()
+            else:
+                self._start_capture(mode="toggle")
+        elif name == "speak":
+            self._speak_pressed()
+        elif name in ("paste_last", "paste", "copy"):
+            i = int(arg or 0)
+            if i >= len(self.recent):
+                return
+            text = self.recent[i].text
+            if name == "copy":
+                self.ports.clipboard.write_text(text)
+                self.notice = "Copied"
+                return
+            r, how = self._insert(text, None, paste=True)  # the user asked for a paste
+            if r is InsertResult.OK:
+                self._emit({"event": "inserted", "text": text, "how": how})
+            else:
+                self._fail(f"cannot paste: {r.value}")
+        elif name == "dismiss":
+            self.error, self.needs, self.notice = None, (), None
+        elif name == "open_settings":
+            self.ports.permissions.open_settings(arg)
+        elif name in ("asr_model", "tts_model"):
+            kind = name[:3]
+            if getattr(s, name) != arg:
+                self._set(**{name: arg})
+                was = self.models[kind]
+                self.models[kind] = ModelInfo(arg)
+                if was.status in ("ready", "loading", "downloading"):
+                    self.engine.unload(kind)
+                    self.engine.load(kind, arg)
+        elif name == "voice":
+            self._set(voice=arg or None)
+        elif name == "toggle":
+            self._set(toggle=arg)
+        elif name == "unload_after":
+            self._set(unload_after_min=int(arg))
+        elif name == "delay_ms":
+            self._set(delay_ms=int(arg) if arg else None)
+        elif name == "latency_ms":
+            self._set(latency_ms=int(arg) if arg else None)
+        elif name == "login_item":
+            self._set(login_item=not s.login_item)
+        elif name == "quit":
+            self.post(Quit())
+        else:
+            raise ValueError(f"unknown menu action {aid!r}")
+
+    def _set(self, **changes) -> None:
+        self.settings = self.settings.replace(**changes)
+        if self._save is not None:
+            try:
+                self._save(self.settings)
+            except OSError as e:
+                self._fail(f"cannot save settings: {e}")
+
+    def _fail(self, message: str) -> None:
+        self.error = message
+        self._emit({"event": "error", "message": message})
+
+    def _emit(self, ev: dict) -> None:
+        if self._emit_fn is not None:
+            self._emit_fn(ev)
+
+    def _state_changed(self) -> None:
+        from .menu import state_name
+
+        st = state_name(self.view())
+        if st != self._state:
+            self._state = st
+            self._emit({"event": "state", "state": st})

@@ -1,0 +1,113 @@
+"""The app's settings: a dataclass persisted as JSON in the platform's config folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ASR = "mistralai/Voxtral-Mini-4B-Realtime-2602"
+DEFAULT_TTS = "mistralai/Voxtral-4B-TTS-2603"
+
+# (hub id, menu label): the model pickers; quantized builds where they are published
+ASR_MODELS = (
+    (DEFAULT_ASR, "Voxtral Realtime (bf16)"),
+    ("mlx-community/Voxtral-Mini-4B-Realtime-2602-4bit", "Voxtral Realtime 4-bit"),
+    ("mlx-community/Voxtral-Mini-4B-Realtime-6bit", "Voxtral Realtime 6-bit"),
+    ("nvidia/nemotron-speech-streaming-en-0.6b", "Nemotron streaming (English)"),
+)
+TTS_MODELS = (
+    (DEFAULT_TTS, "Voxtral TTS (bf16)"),
+    ("mlx-community/Voxtral-4B-TTS-2603-mlx-4bit", "Voxtral TTS 4-bit"),
+    ("mlx-community/Voxtral-4B-TTS-2603-mlx-6bit", "Voxtral TTS 6-bit"),
+)
+TOGGLES = ("tap", "double_tap")
+UNLOAD_CHOICES = (5, 10, 30, 0)  # minutes; 0 = keep loaded
+DELAY_CHOICES = (240, 480, 960)  # Voxtral transcription delay (ms)
+LATENCY_CHOICES = (80, 160, 560, 1120)  # Nemotron latency mode (ms)
+
+
+@dataclass
+class Settings:
+    asr_model: str = DEFAULT_ASR
+    tts_model: str = DEFAULT_TTS
+    delay_ms: int | None = None  # Voxtral: None = the model's default
+    latency_ms: int | None = None  # Nemotron: None = the model's default
+    voice: str | None = None  # None = the TTS model's default voice
+    tts_seed: int = 0
+    tts_max_frames: int | None = None
+    dictate_hotkey: str = "alt_r"  # right Option: hold to talk, tap for hands-free
+    speak_hotkey: str = "ctrl+alt+s"
+    toggle: str = "tap"  # hands-free by "tap" or "double_tap"
+    hold_delay_ms: int = 250
+    double_tap_ms: int = 350
+    debounce_ms: int = 40
+    type_max_chars: int = 80  # longer text is pasted (clipboard + Cmd-V)
+    restore_delay_ms: int = 400  # the clipboard goes back this long after Cmd-V
+    silent_after_s: float = 4.0  # warn when the microphone gives only silence this long
+    unload_after_min: int = 10  # 0 = never
+    preload_asr: bool = True
+    recent_size: int = 10
+    login_item: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def replace(self, **changes) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Settings:
+        """Unknown keys are dropped; a value of the wrong type falls back to the default."""
+        base = cls()
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            v, default = data[f.name], getattr(base, f.name)
+            if default is None or v is None:
+                ok = v is None or isinstance(v, (int, str))
+            elif isinstance(default, bool):
+                ok = isinstance(v, bool)
+            elif isinstance(default, float):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            else:
+                ok = isinstance(v, type(default)) and not isinstance(v, bool)
+            if ok:
+                kw[f.name] = v
+        s = cls(**kw)
+        if s.toggle not in TOGGLES:
+            s.toggle = base.toggle
+        return s
+
+
+def settings_path() -> Path:
+    """`$MLX_SPEECH_APP_CONFIG` if set, else app.json in the platform's config folder."""
+    env = os.environ.get("MLX_SPEECH_APP_CONFIG")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("mlx_speech", appauthor=False)) / "app.json"
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Saved settings, or the defaults when there are none or the file is unreadable."""
+    path = settings_path() if path is None else path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return Settings()
+    return Settings.from_json(data) if isinstance(data, dict) else Settings()
+
+
+def save_settings(s: Settings, path: Path | None = None) -> None:
+    """Atomic write (a crash never leaves half a file)."""
+    path = settings_path() if path is None else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(s.to_json(), indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
