@@ -210,6 +210,12 @@ class Engine:
             for s in self._streams + list(self._new):
                 if not s.finished:
                     s.fail("processing_error", f"engine failed: {self.failed}")
+        finally:
+            # MLX aborts the process at exit when a thread that ran MLX work left its streams
+            # behind (mlx#3126); this thread owns them, so it frees them on the way out.
+            import mlx.core as mx
+
+            mx.clear_streams()
 
     def _tick(self) -> bool:
         """One round over everything; False when there was nothing to do."""
