@@ -1,7 +1,7 @@
 """Quantized models: bf16 vs 8-bit vs 4-bit, per family, converted once with mlx_speech.convert.
 
     python benchmarks/quantized.py [--config short|mid] [--families vr,tts,nemotron,moshi]
-        [--steps N] [--no-peer] [--workdir DIR]
+        [--steps N] [--no-peer] [--workdir DIR]   (the default run: ~7 min on a 2-core CPU)
 
 For each family a random checkpoint at realistic widths (the writers and sizes of the other
 benchmarks here, few layers) is written in its source layout, then converted three times:
@@ -20,6 +20,15 @@ q4). Each converted folder is then measured, numbers only (no assertions):
   bf16 is ~10x slower than dense and accumulates in bf16 (the kernel check line shows both);
 * quality vs the bf16 folder on the same inputs (teacher forced, one offline forward): max and
   mean |logit - logit_bf16| / max|logit_bf16| per row, and greedy (argmax) agreement per row;
+* peer (Voxtral Realtime, Voxtral TTS, Nemotron): mlx-audio's model built from the same random
+  weights as the single-family benchmarks build it (their `load_peer` / `build_checkpoint`),
+  cast to bf16 and quantized with our `quantize` (same bits, group and the family's
+  `keep_high_precision` rule); the check line says whether every quantized .weight / .scales /
+  .biases equals ours bit for bit. Then its file is saved and re-read (load s), its own step is
+  timed (VR: the streaming session's decode step; TTS: its generate loop's frame,
+  decode_one_frame + code embeddings + backbone token; Nemotron: ConformerStreamingState.push
+  of one 160 ms chunk + joint), with peak memory over load + runs, and greedy (argmax)
+  agreement of its teacher-forced logits with ours on the same inputs and quantized weights;
 * peer (Moshi): mlx-audio's Moshi LM (the moshi_mlx port) from the same bf16 file, quantized
   with Kyutai's own recipe (nn.quantize of the whole LM, q4 group 32 / q8 group 64, then
   save_weights / load_weights as moshi_mlx's q4/q8 files), per-step ms and load time of that
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -40,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
@@ -100,9 +111,11 @@ class VoxtralRealtime:
         return np.array(m(mx.array(inp[0]), audio, m.ffn_scales(6))[0].astype(mx.float32))
 
     def step(self, w, inp, n: int) -> float:
+        from mlx_speech.nn import RingBatch
+
         m = w.model
         tok, audio, scales = mx.array(inp[0]), m.embed_audio(mx.array(inp[1])), m.ffn_scales(6)
-        caches = m.make_decoder_cache(8)
+        caches = [RingBatch.gather([r]) for r in m.make_decoder_cache(8)]  # batch of 1
         mx.eval(audio, scales, m.hidden(tok[:, :8], audio[:, :8], scales, caches))
         i = [8]
 
@@ -110,6 +123,36 @@ class VoxtralRealtime:
             k = i[0] % self.L
             h = m.hidden(tok[:, k:k + 1], audio[:, k:k + 1], scales, caches)
             mx.eval(mx.argmax(m.logits(h[:, -1]), axis=-1))
+            i[0] += 1
+
+        return median_ms(one, n)
+
+    pkg = "voxtral_realtime"
+
+    def build_peer(self, src: Path):
+        return _bench("voxtral_realtime").load_peer(src)
+
+    def peer_logits(self, pm, inp) -> np.ndarray:
+        a = self.peer_audio(pm, inp)
+        h, _ = pm.decoder.forward(a + pm.decoder.embed_tokens(mx.array(inp[0][0])), start_pos=0)
+        return np.array(pm.decoder.logits(h).astype(mx.float32))
+
+    def peer_audio(self, pm, inp) -> mx.array:
+        pm._ensure_ada_scales(_bench("voxtral_realtime").DELAY_MS)  # ffn_scales(6) of ours
+        return pm.encoder.encode_full(pm.encoder.conv_stem(mx.array(inp[1][0].T)))
+
+    def peer_step(self, pm, inp, n: int) -> float:
+        """Its session's _decode_some step: adapter row + token embedding, decoder, logits."""
+        d, tok = pm.decoder, mx.array(inp[0][0])
+        a = self.peer_audio(pm, inp)
+        _, cache = d.forward(a[:8] + d.embed_tokens(tok[:8]), start_pos=0)
+        i = [8]
+
+        def one():
+            k = i[0] % self.L
+            x = a[k] + d.tok_embeddings(tok[k:k + 1])[0]
+            h, _ = d.forward(x[None], start_pos=i[0], cache=cache)
+            mx.eval(mx.argmax(d.logits(h.squeeze(0))))
             i[0] += 1
 
         return median_ms(one, n)
@@ -149,6 +192,46 @@ class VoxtralTTS:
 
         return median_ms(one, n)
 
+    pkg = "voxtral_tts"
+
+    def build_peer(self, src: Path):
+        """mlx-audio's Model (built by the writer) given the source file's weights, whose
+        names are its own parameter names through the writer's `mistral_name`."""
+        from make_voxtral_tts import mistral_name  # tests/golden, on sys.path via the writer
+        from mlx.utils import tree_flatten
+
+        b = _bench("voxtral_tts")
+        folder = src.parent / "peer_src"
+        shutil.rmtree(folder, ignore_errors=True)
+        pm = b.build_checkpoint(b.CONFIGS["mid"], folder, mx.bfloat16)
+        name = {mistral_name(k): k for k, _ in tree_flatten(pm.parameters())}
+        pm.load_weights([(name[k], v) for k, v in
+                         mx.load(str(src / "consolidated.safetensors")).items()], strict=True)
+        return pm
+
+    def peer_logits(self, pm, inp) -> np.ndarray:
+        h = pm.language_model.model.model(mx.array(inp)[None])
+        return np.array(pm.acoustic_transformer.semantic_codebook_output(h)[0]
+                        .astype(mx.float32))
+
+    def peer_step(self, pm, inp, n: int) -> float:
+        """Its generate loop's frame: decode_one_frame, code embeddings, backbone token."""
+        from mlx_audio.lm.models.cache import make_prompt_cache
+
+        lm, at = pm.language_model.model.model, pm.acoustic_transformer
+        emb = pm.audio_codebook_embeddings["embeddings"]
+        cache = make_prompt_cache(pm.language_model.model)
+        dummy = mx.array([[24]])
+        st = {"h": lm(mx.array(inp)[None], cache=cache)[:, -1]}
+
+        def one():
+            codes = at.decode_one_frame(st["h"])
+            e = emb(pm._codes_to_global_indices(codes)).sum(1, keepdims=True)
+            st["h"] = lm(dummy, cache=cache, input_embeddings=e)[:, -1]
+            mx.eval(codes, st["h"])
+
+        return median_ms(one, n)
+
 
 class Nemotron:
     name, kind = "nemotron", "nemotron_asr_streaming"
@@ -177,6 +260,41 @@ class Nemotron:
             k = (i[0] * 16) % (mel.shape[1] - 16)
             x = m.encoder_projector(m.encoder(mel[:, k:k + 16], state=state))
             mx.eval(mx.argmax(m.joint(x[0], g), axis=-1), *state.arrays())
+            i[0] += 1
+
+        return median_ms(one, n)
+
+    pkg = "nemotron_streaming"
+
+    def build_peer(self, src: Path):
+        return _bench("nemotron_streaming").load_peer(src, mx.float32)
+
+    @staticmethod
+    def peer_dtype(pm) -> mx.Dtype:
+        return getattr(pm.joint.enc, "scales", pm.joint.enc.weight).dtype
+
+    def peer_logits(self, pm, inp) -> np.ndarray:
+        enc, _ = pm.encoder(mx.array(inp).astype(self.peer_dtype(pm)))
+        enc = pm.apply_prompt(enc, pm.default_language)
+        pred, _ = pm.decoder(None, None)
+        return np.array(pm.joint(enc, pred.astype(enc.dtype))[0, :, 0].astype(mx.float32))
+
+    def peer_step(self, pm, inp, n: int) -> float:
+        """Its streaming pieces per 160 ms chunk (as PeerSession): ConformerStreamingState.push
+        of 16 mel frames, apply_prompt, joint with the start prediction, materialize."""
+        from mlx_audio.stt.models.nemotron_asr import ConformerStreamingState
+
+        left = pm.default_att_context_size[0]
+        state = ConformerStreamingState(pm.encoder, att_context_size=[left, 1])
+        mel = mx.array(inp).astype(self.peer_dtype(pm))
+        pred, _ = pm.decoder(None, None)
+        i = [0]
+
+        def one():
+            k = (i[0] * 16) % (mel.shape[1] - 16)
+            for h in state.push(mel[:, k:k + 16]):
+                h = pm.apply_prompt(h, pm.default_language)
+                state.materialize(mx.argmax(pm.joint(h, pred.astype(h.dtype)), axis=-1))
             i[0] += 1
 
         return median_ms(one, n)
@@ -300,6 +418,68 @@ def quality(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
     return float(rel.max()), float(rel.mean()), agree
 
 
+def _qtensors(flat: dict) -> dict[str, str]:
+    """name -> digest of every quantized module's packed .weight / .scales / .biases."""
+    out = {}
+    for k in flat:
+        if k.endswith(".scales"):
+            for name in (k[:-7] + s for s in (".weight", ".scales", ".biases")):
+                if name in flat:
+                    a = flat[name]
+                    a = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
+                    out[name] = hashlib.sha1(np.array(a).tobytes()).hexdigest()
+    return out
+
+
+def same_quantized(folder: Path, peer) -> str:
+    """Are the peer's quantized tensors exactly ours (those in the converted folder)?"""
+    from mlx.utils import tree_flatten
+
+    ours: dict = {}
+    for f in set(json.loads((folder / "mlx_speech.json").read_text())["weights"].values()):
+        ours.update(mx.load(str(folder / f)))
+    o, p = _qtensors(ours), _qtensors(dict(tree_flatten(peer.parameters())))
+    where = {h: k for k, h in p.items()}
+    pairs = [(k, where[h]) for k, h in o.items() if h in where]
+    same = Counter(o.values()) == Counter(p.values())
+    ex = [f"{a} == {b}" for a, b in pairs if a.endswith(".scales")][:2]
+    return (f"quantized tensors: ours {len(o)}, peer {len(p)}, {len(pairs)} of ours found in "
+            f"the peer bit for bit -> {'IDENTICAL' if same else 'DIFFERENT'} "
+            f"(e.g. {'; '.join(ex) or 'none'})")
+
+
+def audio_peer(fam, src: Path, bits: int | None, group: int | None, folder: Path, work: Path,
+               n: int, compute, inp) -> dict:
+    """mlx-audio's model from the same random weights, quantized like ours (our quantize with
+    the family's keep rule, group and bits), its file saved and re-read, its step timed."""
+    import importlib
+
+    from mlx_speech.nn.quant import quantize
+
+    pm = fam.build_peer(src)
+    pm.set_dtype(mx.bfloat16)  # as our convert --dtype bf16, before quantizing
+    check = "bf16: same source weights"
+    if bits:
+        keep = importlib.import_module(f"mlx_speech.models.{fam.pkg}").keep_high_precision
+        quantize(pm, bits, group, keep=keep)
+        check = same_quantized(folder, pm)
+    f = work / "peer.safetensors"
+    pm.save_weights(str(f))
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    t = time.perf_counter()
+    pm.load_weights(str(f), strict=True)
+    if compute is not None:
+        pm.set_dtype(compute)
+    mx.eval(pm.parameters())
+    load_s = time.perf_counter() - t
+    lg = fam.peer_logits(pm, inp)
+    step = fam.peer_step(pm, inp, n)
+    return {"step": step, "load": load_s, "peak": mx.get_peak_memory() / 2**20, "logits": lg,
+            "check": check}
+
+
 def cpu_kernel_check() -> str:
     """MLX's CPU quantized_matmul in bf16 vs float32 on one decoder-sized layer."""
     w = (mx.random.normal((9216, 3072), key=mx.random.key(0)) * 0.02).astype(mx.bfloat16)
@@ -359,6 +539,11 @@ def run_family(key: str, args, work: Path, compute) -> list[dict]:
         gc.collect()
         if key == "moshi" and not args.no_peer:
             row["peer"] = fam.peer(src, bits, work / key, args.steps, compute)
+        elif not args.no_peer:
+            p = row["peer"] = audio_peer(fam, src, bits, group, out, work / key, args.steps,
+                                         compute, inp)
+            p["agree"] = float((p.pop("logits").argmax(-1) == lg.argmax(-1)).mean())
+            gc.collect()
         rows.append(row)
         print_row(row, rows[0], flush=True)
     return rows
@@ -377,7 +562,13 @@ def print_row(r: dict, base: dict, flush=False) -> None:
           f"{base['step'] / r['step']:5.2f}x {mx_:8.4f} {mean:9.5f} {100 * agree:6.1f}%",
           flush=flush)
     p = r.get("peer")
-    if p:
+    if p and "agree" in p:
+        print(f"  mlx-audio {p['check']}", flush=flush)
+        print(f"  mlx-audio, same weights: step {p['step']:.2f} ms (ours/theirs "
+              f"{r['step'] / p['step']:.2f}), peak {p['peak']:.0f} MB (ours/theirs "
+              f"{r['peak_mb'] / p['peak']:.2f}), load {p['load']:.2f} s; greedy tokens (teacher "
+              f"forced) equal ours vs peer {100 * p['agree']:.1f}%", flush=flush)
+    elif p:
         same = sum(a == b for a, b in zip(r["texts"], p["texts"], strict=False))
         print(f"  mlx-audio Moshi (moshi_mlx recipe), same bits: step {p['step']:.2f} ms "
               f"(ours/theirs {r['step'] / p['step']:.2f}), load {p['load']:.2f} s; greedy text "
