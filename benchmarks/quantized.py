@@ -1,7 +1,7 @@
 """Quantized models: bf16 vs 8-bit vs 4-bit, per family, converted once with mlx_speech.convert.
 
     python benchmarks/quantized.py [--config short|mid] [--families vr,tts,nemotron,moshi]
-        [--steps N] [--no-peer] [--workdir DIR]   (the default run: ~7 min on a 2-core CPU)
+        [--steps N] [--no-peer] [--workdir DIR]   (the default run: ~5.5 min on a 2-core CPU)
 
 For each family a random checkpoint at realistic widths (the writers and sizes of the other
 benchmarks here, few layers) is written in its source layout, then converted three times:
