@@ -16,10 +16,12 @@ synced (the text is read). Prints the median tick ms after the prompt and
 `feed` at a time, as without batching). Numbers only; no assertions.
 
 The "<= 2.5x" target assumes a step bound by reading the weights (Metal, CUDA):
-B rows then cost little more than one. On MLX's CPU backend the matmuls are
-FLOP-bound (a (8, d) @ W costs about 8x a (1, d) @ W), so at real widths a
-batched tick costs about B single ticks there; the tiny config shows the
-per-step overhead that batching removes.
+B rows then cost little more than one. The Linux CPU wheel of MLX runs fp32
+matmuls on the bundled reference (netlib) BLAS, which reads W once per row, so
+an fp32 (8, d) @ W costs 8x a (1, d) @ W and a batched fp32 tick at real widths
+costs about B single ticks (bf16 goes through MLX's own kernels: about 0.5x per
+row batched); benchmarks/batched_asr_profile.py splits this per component. The
+tiny config shows the per-step overhead that batching removes.
 
 `tick_ms(owner, open_session, frame_samples, n, steps, warmup, batched)` is
 importable (benchmarks/server.py reuses it).
