@@ -10,7 +10,6 @@ import numpy as np
 from mlx_speech.errors import DeviceError
 
 CLOSE_WAIT = 1.0  # seconds
-TAIL_SECONDS = 0.25
 
 
 class DeviceMicrophone:
@@ -88,10 +87,8 @@ class DeviceSpeaker:
         return not self._stopped
 
     def drain(self) -> None:
-        """Play out everything written. Silence goes after it: stopping a stream loses
-        what is still in the host/server buffers (measured: the last 80 ms on PulseAudio)."""
-        if not self.write(np.zeros(int(TAIL_SECONDS * self._rate), np.float32)):
-            return
+        """Play out everything written (polled, so `stop()` can end it from another thread);
+        `close()` then lets the device play what its buffers still hold."""
         while not self._stopped:
             try:
                 if self._sp.drain(timeout=0.05):
