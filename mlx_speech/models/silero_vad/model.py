@@ -105,6 +105,51 @@ def _check_audio(audio, sample_rate: int) -> mx.array:
     return audio.astype(mx.float32)
 
 
+class _Conv(nn.Module):
+    """A k-tap conv kept as one matrix for im2col: weight (k * in, out), rows tap-major."""
+
+    def __init__(self, taps: int, cin: int, cout: int):
+        super().__init__()
+        self.weight = mx.zeros((taps * cin, cout))
+        self.bias = mx.zeros((cout,))
+
+
+class _LSTMCell(nn.Module):
+    """PyTorch's LSTMCell (gates i, f, g, o), weights (in, 4 * hidden), biases summed."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.wx = mx.zeros((n, 4 * n))
+        self.wh = mx.zeros((n, 4 * n))
+        self.bias = mx.zeros((4 * n,))
+
+
+# Weights are stored (in, out) and contiguous: MLX's CPU matmul runs 2-6x faster on them than on
+# a transposed view. The convs run as im2col matmuls over their few positions.
+def _encode(win, window, w1, b1, w2, b2, w3, b3, w4, b4, wx, bx):
+    """(N, 4, 256) STFT windows of N frames -> (N, 512) LSTM input projections."""
+    mag = mx.abs(mx.fft.rfft(win * window, axis=-1))  # == the conv with Silero's basis
+    xp = mx.pad(mag, [(0, 0), (1, 1), (0, 0)])
+    x = nn.relu(mx.concatenate([xp[:, 0:4], xp[:, 1:5], xp[:, 2:6]], axis=-1) @ w1 + b1)
+    xp = mx.pad(x, [(0, 0), (1, 1), (0, 0)])  # stride 2: outputs at 0 and 2
+    x = nn.relu(mx.concatenate([xp[:, 0:4:2], xp[:, 1:5:2], xp[:, 2:6:2]], axis=-1) @ w2 + b2)
+    c = x.shape[-1]
+    x = nn.relu(x.reshape(-1, 2 * c) @ w3[c:] + b3)  # 2 -> 1: tap 0 sees only the zero pad
+    c = x.shape[-1]
+    x = nn.relu(x @ w4[c:2 * c] + b4)  # length 1: only the middle tap sees data
+    return x @ wx + bx
+
+
+def _cell(gx, h, c, wh):
+    i, f, g, o = mx.split(gx + h @ wh, 4, axis=-1)
+    c = mx.sigmoid(f) * c + mx.sigmoid(i) * mx.tanh(g)
+    return mx.sigmoid(o) * mx.tanh(c), c
+
+
+def _decode(hs, w, b):
+    return mx.sigmoid(nn.relu(hs) @ w + b)[..., 0]
+
+
 class SileroVAD(nn.Module):
     """`probs, state = vad(audio, state)`: one probability per 512-sample frame.
 
@@ -116,14 +161,13 @@ class SileroVAD(nn.Module):
 
     def __init__(self):
         super().__init__()
-        # attribute names are mlx-audio's (the mlx-community layout loads by name)
-        self.stft_conv = nn.Conv1d(1, 2 * BINS, N_FFT, stride=HOP, bias=False)
-        self.conv1 = nn.Conv1d(BINS, 128, 3, padding=1)
-        self.conv2 = nn.Conv1d(128, 64, 3, stride=2, padding=1)
-        self.conv3 = nn.Conv1d(64, 64, 3, stride=2, padding=1)
-        self.conv4 = nn.Conv1d(64, HIDDEN, 3, padding=1)
-        self.lstm = nn.LSTM(HIDDEN, HIDDEN)
-        self.final_conv = nn.Conv1d(HIDDEN, 1, 1)
+        self.stft_window = mx.zeros((N_FFT,))  # Silero's STFT basis is this window x the DFT
+        self.conv1 = _Conv(3, BINS, 128)
+        self.conv2 = _Conv(3, 128, 64)
+        self.conv3 = _Conv(3, 64, 64)
+        self.conv4 = _Conv(3, 64, HIDDEN)
+        self.lstm = _LSTMCell(HIDDEN)
+        self.final = _Conv(1, HIDDEN, 1)
 
     def make_state(self, batch: int = 1) -> VADState:
         if batch < 1:
@@ -149,13 +193,17 @@ class SileroVAD(nn.Module):
         idx = mx.array(_window_index())[None] + (FRAME * mx.arange(n, dtype=mx.int32))[
             :, None, None]
         windows = mx.take(padded, idx.reshape(-1), axis=1).reshape(B * n, 4, N_FFT)
-        spec = windows @ self.stft_conv.weight.reshape(2 * BINS, N_FFT).T  # (B n, 4, 258)
-        re, im = spec[..., :BINS], spec[..., BINS:]
-        x = mx.sqrt(re * re + im * im)
-        for conv in (self.conv1, self.conv2, self.conv3, self.conv4):
-            x = nn.relu(conv(x))
-        x = x.reshape(B, n, HIDDEN)
-        hs, cs = self.lstm(x, hidden=state.h, cell=state.c)  # (B, n, 128) each
-        probs = mx.sigmoid(self.final_conv(nn.relu(hs)))[..., 0]  # (B, n)
-        new = VADState(hs[:, -1], cs[:, -1], padded[:, -CONTEXT:])
+        c1, c2, c3, c4, cell = self.conv1, self.conv2, self.conv3, self.conv4, self.lstm
+        gx = _ENCODE(windows, self.stft_window, c1.weight, c1.bias, c2.weight, c2.bias,
+                     c3.weight, c3.bias, c4.weight, c4.bias, cell.wx, cell.bias)
+        gx = gx.reshape(B, n, -1)
+        h, c, hs = state.h, state.c, []
+        for t in range(n):  # the only sequential part
+            h, c = _CELL(gx[:, t], h, c, cell.wh)
+            hs.append(h)
+        probs = _DECODE(mx.stack(hs, axis=1), self.final.weight, self.final.bias)  # (B, n)
+        new = VADState(h, c, padded[:, -CONTEXT:])
         return (probs[0] if single else probs), new
+
+
+_ENCODE, _CELL, _DECODE = mx.compile(_encode), mx.compile(_cell), mx.compile(_decode)
