@@ -235,6 +235,10 @@ def test_bad_audio_is_one_clear_error(vad):
         vad(ok, vad.make_state(2))
     probs, st = vad(mx.zeros((2, 0)))
     assert probs.shape == (2, 0) and st.batch == 2
+    with pytest.raises(AudioError, match="float samples"):
+        vad(np.zeros(FRAME, np.int16))
+    x = clip("three_short_noisy")[:8 * FRAME]
+    np.testing.assert_array_equal(np.array(vad(x.astype(np.float64))[0]), offline(vad, x))
 
 
 # --- loading ----------------------------------------------------------------------------------

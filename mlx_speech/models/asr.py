@@ -133,6 +133,15 @@ def raise_missing(expected: set[str], got) -> None:
         raise CheckpointError(f"checkpoint is missing key {missing[0]!r}{more}")
 
 
+def raise_unmatched(expected: set[str], got, where) -> None:
+    """A missing key, else a key no parameter takes: an error naming the first."""
+    raise_missing(expected, got)
+    extra = sorted(set(got) - expected)
+    if extra:
+        more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(f"{where}: unexpected key {extra[0]!r}{more}")
+
+
 def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | None,
                 quantize: int | None = None, group_size: int = 64,
                 keep: quant.Keep | None = None, expect: dict | None = None) -> None:

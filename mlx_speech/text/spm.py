@@ -14,42 +14,12 @@ import struct
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..protobuf import fields as _fields
 
 SPACE = "\u2581"
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNKNOWN_SURFACE = " \u2047 "
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    out = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        out |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return out, i
-        shift += 7
-
-
-def _fields(buf: bytes):
-    """(field number, wire type, value) of one protobuf message, top level only."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            val, i = _varint(buf, i)
-        elif wire == 1:
-            val, i = buf[i: i + 8], i + 8
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            val, i = buf[i: i + n], i + n
-        elif wire == 5:
-            val, i = buf[i: i + 4], i + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield num, wire, val
 
 
 def _pieces_from_model(data: bytes) -> list[tuple[str, int]]:

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import MIMI_FILE, load_safetensors, read_json
-from ..asr import load_strict, raise_missing
+from ..asr import load_strict, raise_unmatched
 from .config import MimiConfig, QuantizerConfig, SeanetConfig
 from .model import DecoderState, EncoderState, Mimi, MimiState
 from .weights import remap
@@ -53,10 +53,6 @@ def load(path_or_folder: str | os.PathLike, config: MimiConfig | dict | None = N
     if not is_converted([file]):  # converted files are already in our names and layouts
         weights = remap(weights, cfg)
     expected = {k for k, _ in tree_flatten(model.parameters())}
-    raise_missing(expected, weights)
-    extra = sorted(set(weights) - expected)
-    if extra:
-        more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{file}: unexpected key {extra[0]!r}{more}")
+    raise_unmatched(expected, weights, file)
     load_strict(model, weights, file, dtype)
     return model

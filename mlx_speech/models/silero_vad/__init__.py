@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten
 from ...converted import is_converted, read_manifest, weight_files
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
-from ..asr import load_strict, raise_missing
+from ..asr import load_strict, raise_unmatched
 from .model import CONTEXT, FRAME, SAMPLE_RATE, SileroVAD, VADState
 from .onnxfile import read_onnx
 from .weights import remap
@@ -116,11 +116,7 @@ def load_vad(path: str | os.PathLike | None = None, *, dtype: mx.Dtype | None = 
             weights = remap(weights)
     model = SileroVAD()
     expected = {k for k, _ in tree_flatten(model.parameters())}
-    raise_missing(expected, weights)
-    extra = sorted(set(weights) - expected)
-    if extra:
-        more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{file}: unexpected key {extra[0]!r}{more}")
+    raise_unmatched(expected, weights, file)
     load_strict(model, weights, file, dtype)
     return model
 

@@ -90,8 +90,9 @@ def _check_audio(audio, sample_rate: int) -> mx.array:
     if sample_rate != SAMPLE_RATE:
         raise AudioError(f"Silero VAD runs on {SAMPLE_RATE} Hz audio, got {sample_rate} Hz: "
                          "resample first (mlx_speech.audio.resample.resample)")
-    if not isinstance(audio, mx.array):
-        audio = mx.array(np.asarray(audio))
+    if not isinstance(audio, mx.array):  # numpy: cast there (no float64 into MLX)
+        a = np.asarray(audio)
+        audio = mx.array(a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a)
     if not mx.issubdtype(audio.dtype, mx.floating):
         raise AudioError(f"VAD audio must be float samples in [-1, 1], got {audio.dtype} "
                          "(divide integer PCM by 32768)")

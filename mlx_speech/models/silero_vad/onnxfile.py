@@ -11,12 +11,13 @@ prefix before `stft.forward_basis_buffer`, and keep the group whose STFT basis h
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import CheckpointError
+from ...protobuf import fields as _fields
+from ...protobuf import varint as _varint
 
 # protobuf field numbers (onnx.proto3)
 _MODEL_GRAPH = 7
@@ -35,39 +36,6 @@ _NAMES = {  # Silero's module names -> its safetensors names
     "decoder.decoder.2.weight": "final_conv.weight",
     "decoder.decoder.2.bias": "final_conv.bias",
 }
-
-
-def _varint(buf: memoryview, i: int) -> tuple[int, int]:
-    out = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        out |= (b & 0x7F) << shift
-        if b < 0x80:
-            return out, i
-        shift += 7
-
-
-def _fields(buf: memoryview):
-    """(field number, wire type, value) of one message: ints for varints, views otherwise."""
-    i, n = 0, len(buf)
-    while i < n:
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            size, i = _varint(buf, i)
-            value, i = buf[i:i + size], i + size
-        elif wire == 1:
-            value, i = buf[i:i + 8], i + 8
-        elif wire == 5:
-            value, i = buf[i:i + 4], i + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        if i > n:
-            raise ValueError("truncated protobuf message")
-        yield field, wire, value
 
 
 def _tensor(buf: memoryview, name: str) -> tuple[str, np.ndarray | None]:
@@ -126,7 +94,7 @@ def read_onnx(path: str | Path) -> dict[str, np.ndarray]:
             raise ValueError("no graph")
         found: dict[str, np.ndarray] = {}
         _walk(graphs[0], found)
-    except (OSError, ValueError, IndexError, UnicodeDecodeError, struct.error) as e:
+    except (OSError, ValueError, IndexError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read ONNX file {path}: {e}") from None
     key = "stft.forward_basis_buffer"
     prefixes = [n[: -len(key)] for n in found if n.endswith(key)]
