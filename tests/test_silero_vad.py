@@ -264,7 +264,7 @@ def _mlx_audio_weights(onnx: Path) -> dict[str, mx.array]:
 def _mlx_community(onnx: Path, dest: Path, drop: str = "", add: str = "") -> Path:
     """mlx-community/silero-vad's folder: config.json + model.safetensors (the v5 repo also
     holds the 8 kHz branch under vad_8k.)."""
-    dest.mkdir()
+    dest.mkdir(parents=True)
     w = _mlx_audio_weights(onnx)
     w["vad_8k.stft_conv.weight"] = mx.zeros((130, 128, 1))
     w.pop(drop, None)
@@ -337,3 +337,30 @@ def test_no_torch_imported_to_find_the_wheel(wheel_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_hub_repo_from_prefilled_cache_offline(vad_release, wheel_dir, tmp_path):
+    """A hub id in mlx-community's layout, as huggingface_hub caches it (no network)."""
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hub" / "models--mlx-community--silero-vad-v6"
+    _mlx_community(wheel_dir / "silero_vad.onnx", repo / "snapshots" / ("a" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    x = clip("two_utterances")[: 12 * FRAME]
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, json, numpy as np; from mlx_speech.models.silero_vad import load_vad; "
+            "v = load_vad(sys.argv[1]); p, _ = v(np.load(sys.argv[2])); "
+            "print(json.dumps(np.array(p).tolist()))")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"),
+               HF_HOME=str(tmp_path))
+    for name, ok in (("mlx-community/silero-vad-v6", True), ("mlx-community/absent", False)):
+        r = subprocess.run([sys.executable, "-c", code, name, str(tmp_path / "x.npy")],
+                           capture_output=True, text=True, env=env)
+        if ok:
+            assert r.returncode == 0, r.stderr
+            np.testing.assert_array_equal(np.array(json.loads(r.stdout), np.float32),
+                                          offline(vad_release, x))
+        else:
+            assert r.returncode != 0 and "mlx-community/absent" in r.stderr.splitlines()[-1]
