@@ -3,8 +3,9 @@
 Quirks, as Silero's own code runs it:
 - audio goes in 512-sample frames (32 ms); each frame is seen with the 64 samples before it
   (zeros before the first), 576 samples, padded on the right by reflection to 640;
-- the "STFT" is a fixed conv, 256 taps, hop 128, 129 real + 129 imaginary rows (no window
-  folded elsewhere, no bias) -> 4 magnitude frames per 32 ms frame;
+- the "STFT" is a fixed conv, 256 taps, hop 128, whose 258 rows are a periodic Hann window
+  times the DFT's 129 cosines and 129 negated sines -> 4 magnitude frames per 32 ms frame (run
+  here as an rFFT; the loader checks the basis is exactly that);
 - four convs (k 3, pad 1, strides 1 2 2 1, ReLU) take those 4 positions to 1 vector of 128;
 - an LSTM cell (128) carries state across frames; ReLU, a 1x1 conv and a sigmoid give the
   frame's speech probability.
@@ -28,7 +29,7 @@ from ...errors import AudioError, MlxSpeechError
 SAMPLE_RATE = 16_000
 FRAME = 512  # samples per probability (32 ms)
 CONTEXT = 64  # samples of the previous frame each frame sees
-N_FFT, HOP, PAD = 256, 128, 64  # the STFT conv; PAD: right reflection of each window
+N_FFT, HOP = 256, 128  # the STFT conv (each frame is reflected 64 samples past its end)
 BINS = N_FFT // 2 + 1
 HIDDEN = 128
 
@@ -77,13 +78,14 @@ class VADState:
         return [self.rows(i) for i in range(self.batch)]
 
 
-@lru_cache(maxsize=1)
-def _window_index() -> np.ndarray:
-    """(4, 256) positions in a frame's 576 samples read by each STFT window; positions past
-    the end are reflected (padded[576 + j] = x[574 - j])."""
+@lru_cache(maxsize=8)
+def _window_index(n: int) -> mx.array:
+    """(n * 4 * 256,) positions in (context + n frames) read by the 4 STFT windows of each
+    frame; positions past a frame's 576 samples are reflected (x[576 + j] -> x[574 - j])."""
     q = np.arange(4)[:, None] * HOP + np.arange(N_FFT)[None, :]
     last = FRAME + CONTEXT - 1
-    return np.where(q <= last, q, 2 * last - q).astype(np.int32)
+    q = np.where(q <= last, q, 2 * last - q)
+    return mx.array((FRAME * np.arange(n)[:, None, None] + q).reshape(-1).astype(np.int32))
 
 
 def _check_audio(audio, sample_rate: int) -> mx.array:
@@ -191,9 +193,7 @@ class SileroVAD(nn.Module):
             probs = mx.zeros((B, 0), dtype=mx.float32)
             return (probs[0] if single else probs), state
         padded = mx.concatenate([state.context, audio], axis=1)  # (B, 64 + n * 512)
-        idx = mx.array(_window_index())[None] + (FRAME * mx.arange(n, dtype=mx.int32))[
-            :, None, None]
-        windows = mx.take(padded, idx.reshape(-1), axis=1).reshape(B * n, 4, N_FFT)
+        windows = mx.take(padded, _window_index(n), axis=1).reshape(B * n, 4, N_FFT)
         c1, c2, c3, c4, cell = self.conv1, self.conv2, self.conv3, self.conv4, self.lstm
         gx = _ENCODE(windows, self.stft_window, c1.weight, c1.bias, c2.weight, c2.bias,
                      c3.weight, c3.bias, c4.weight, c4.bias, cell.wx, cell.bias)
