@@ -164,3 +164,63 @@ def test_frame_pitch_of_a_tone():
     assert np.all(frame_pitch(np.zeros((2, FRAME))) == 0)
     noise = np.random.default_rng(0).standard_normal((3, FRAME)) * 0.1
     assert np.all(frame_pitch(noise) == 0)
+
+
+def _route(x, cfg, chunks, commit_at=None):
+    """TurnAudio over `x` pushed in `chunks`, an energy gate as the VAD; the turns it made."""
+    from mlx_speech.audio.turns import TurnAudio
+
+    ta = TurnAudio(TurnDetector(cfg))
+    turns, cur, most = [], None, 0
+    i = 0
+    for n in chunks:
+        ta.push(x[i:i + n])
+        i += n
+        f = ta.frames()
+        acts = ta.step((np.abs(f).max(axis=1) > 0.5).astype(np.float32) if len(f) else [])
+        if commit_at is not None and i >= commit_at and ta.open:
+            acts += ta.commit()
+            commit_at = None
+        for a in acts:
+            if a[0] == "start":
+                cur = [a[1], []]
+            elif a[0] == "audio":
+                cur[1].append(a[1])
+            elif a[0] == "stop":
+                turns.append((cur[0], a[1], np.concatenate(cur[1])))
+                cur = None
+        most = max(most, len(ta.buf))
+    return turns, most
+
+
+def test_turn_audio_routes_every_sample_once():
+    rng = np.random.default_rng(1)
+    x = np.zeros(16000 * 12, np.float32)
+    bursts = [(1.0, 2.0), (2.3, 2.6), (5.0, 7.5), (10.0, 10.4)]
+    for a, b in bursts:
+        x[int(a * 16000): int(b * 16000)] = 0.9 * np.sign(rng.standard_normal(int((b - a) * 16000)))
+    cfg = TurnConfig(prefix_padding_ms=300, silence_duration_ms=500)
+    chunks = list(rng.integers(1, 5000, 200))
+    turns, most = _route(x, cfg, chunks)
+    # 2.0 -> 2.3 is a shorter pause than 500 ms: one turn; the others are apart
+    assert len(turns) == 3
+    for start, end, audio in turns:
+        assert np.array_equal(audio, x[start:end])  # every sample of the span, in order
+    for (_, e0, _), (s1, _, _) in zip(turns, turns[1:], strict=False):
+        assert s1 >= e0  # never overlapping
+    for (start, end, _), (a, b) in zip(turns, [(1.0, 2.6), (5.0, 7.5), (10.0, 10.4)], strict=True):
+        assert abs(start - (a * 16000 - 4800)) < FRAME  # prefix padding
+        assert 0 <= end - (b * 16000 + 8000) < 2 * FRAME  # closing silence included
+    # between turns only the prefix window is kept; during a turn only unseen frames
+    assert most < 16000 * 0.3 + 6 * FRAME + 5000
+    # the same turns whatever the chunking
+    assert [(s, e) for s, e, _ in _route(x, cfg, [len(x)])[0]] == [(s, e) for s, e, _ in turns]
+
+
+def test_turn_audio_commit_ends_at_the_last_sample():
+    x = np.zeros(16000 * 4, np.float32)
+    x[16000:40000] = 0.9
+    turns, _ = _route(x, TurnConfig(), [1000] * 64, commit_at=30000)
+    (s0, e0, a0), (s1, e1, a1) = turns
+    assert e0 == 30000 and s1 == e0  # the rest of the speech is the next turn, no overlap
+    assert np.array_equal(a0, x[s0:e0]) and np.array_equal(a1, x[s1:e1])

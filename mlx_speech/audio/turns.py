@@ -267,3 +267,100 @@ def frame_pitch(frames: np.ndarray) -> np.ndarray:
     peak = norm[np.arange(len(x)), lag]
     pitch = np.where((peak > 0.5) & (level > -50.0), SAMPLE_RATE / (lag + lo), 0.0)
     return pitch.astype(np.float32)
+
+
+class TurnAudio:
+    """A stream's audio routed into turns: what a VAD-driven transcriber needs, without the VAD.
+
+    `push(samples)` takes any amount of 16 kHz audio; `frames()` gives the whole frames the
+    VAD has not seen yet; `step(probs, pitch)` takes its probabilities for them and returns
+    actions, in order:
+
+        ("start", start)            a turn begins at sample `start` (prefix padding included)
+        ("audio", samples)          the open turn's next samples (its prefix first)
+        ("stop", end)               the turn ends at `end` (after its closing silence)
+        ("idle", start, end, samples)   idle_timeout_ms without speech: that stretch
+
+    The audio of consecutive turns never overlaps and none inside a turn is skipped; audio
+    between turns is kept only as far back as a later turn's prefix could reach, so memory
+    stays bounded however long the stream runs. An open turn gets audio once the VAD has seen
+    it (at most one frame later than it arrived); `commit()` ends it at the last sample pushed.
+    """
+
+    def __init__(self, detector: TurnDetector):
+        self.detector = detector
+        self.buf = np.zeros(0, np.float32)  # samples [base, received)
+        self.base = 0
+        self.received = 0
+        self.sent = 0  # the open turn has every sample before this
+
+    @property
+    def open(self) -> bool:
+        return self.detector.in_speech
+
+    @property
+    def seen(self) -> int:
+        """Samples the VAD has seen (whole frames)."""
+        return self.detector.position
+
+    def push(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float32).reshape(-1)
+        self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
+        self.received += len(x)
+
+    def frames(self) -> np.ndarray:
+        """(n, FRAME) whole frames the VAD has not seen yet."""
+        n = (self.received - self.seen) // FRAME
+        i = self.seen - self.base
+        return self.buf[i: i + n * FRAME].reshape(n, FRAME)
+
+    def _span(self, a: int, b: int) -> np.ndarray:
+        return self.buf[a - self.base: b - self.base].copy()
+
+    def step(self, probs, pitch=None) -> list[tuple]:
+        out: list[tuple] = []
+        for ev in self.detector.push(probs, pitch):
+            if isinstance(ev, SpeechStarted):
+                out.append(("start", ev.start))
+                self.sent = ev.start
+            elif isinstance(ev, SpeechStopped):
+                out += self._send(ev.end)
+                out.append(("stop", ev.end))
+            else:
+                out.append(("idle", ev.start, ev.end, self._span(ev.start, ev.end)))
+        if self.open:
+            out += self._send(self.seen)
+        self._trim()
+        return out
+
+    def _send(self, upto: int) -> list[tuple]:
+        if upto <= self.sent:
+            return []
+        x = self._span(self.sent, upto)
+        self.sent = upto
+        return [("audio", x)]
+
+    def commit(self) -> list[tuple]:
+        """A client commit: the open turn takes every sample pushed and ends; [] if none."""
+        if not self.open:
+            return []
+        out = self._send(self.received)
+        end = self.received
+        self.detector.force_stop()
+        self.detector.floor = self.detector.idle_from = end
+        self._trim()
+        return out + [("stop", end)]
+
+    def clear(self) -> None:
+        """Forget the open turn and everything pushed so far."""
+        self.detector.clear()
+        self.detector.floor = self.detector.idle_from = self.received
+        self._trim()
+
+    def _trim(self) -> None:
+        # an open turn has had everything before `sent`; otherwise keep what a turn may still
+        # start with, and the frames the VAD has not seen
+        keep = self.sent if self.open else min(self.detector.earliest_start(), self.seen)
+        if keep > self.base:
+            self.buf = self.buf[keep - self.base:]
+            self.base = keep
