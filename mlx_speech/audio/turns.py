@@ -151,11 +151,8 @@ class TurnDetector:
     """
 
     def __init__(self, config: TurnConfig | None = None):
-        self.config = c = config or TurnConfig()
-        self.neg = max(c.threshold - NEG_OFFSET, 0.01)
-        self.prefix = _ms_to_samples(c.prefix_padding_ms)
+        self.reconfigure(config or TurnConfig())
         self.min_frames = max(1, math.ceil(MIN_SPEECH_MS / 32))
-        self.idle = None if c.idle_timeout_ms in (None, 0) else _ms_to_samples(c.idle_timeout_ms)
         self.frames = 0  # frames seen
         self.in_speech = False
         self.run = 0  # candidate speech frames (not yet a turn)
@@ -167,6 +164,13 @@ class TurnDetector:
         n = math.ceil(CUE_WINDOW_MS / 32)
         self._pitch: deque[float] = deque(maxlen=n)  # the speech frames' pitch
         self.last_score: float | None = None  # semantic_vad: the last pause's end score
+
+    def reconfigure(self, config: TurnConfig) -> None:
+        """New knobs from the next frame on (a turn in progress goes on under them)."""
+        self.config = c = config
+        self.neg = max(c.threshold - NEG_OFFSET, 0.01)
+        self.prefix = _ms_to_samples(c.prefix_padding_ms)
+        self.idle = None if c.idle_timeout_ms in (None, 0) else _ms_to_samples(c.idle_timeout_ms)
 
     @property
     def position(self) -> int:

@@ -40,6 +40,7 @@ class Served:
     max_upload_bytes: int = 200 * 1024 * 1024
     idle_timeout_s: float = 300.0
     created: int = 0
+    vad: object | None = None  # a loaded Silero VAD: server_vad / semantic_vad turn detection
 
     def kind(self, model_id: str) -> str:
         return model_kind(self.models[model_id])
