@@ -101,9 +101,15 @@ def _plan_moshi(plan: _Plan, folder: Path, loaded) -> None:
         _copy_voices(plan, list_voices(voice_dir(folder)), "voices")
 
 
+def _plan_vad(plan: _Plan, folder: Path, loaded) -> None:
+    plan.files["config.json"] = {"model_type": "silero_vad"}
+    plan.parts["model"] = ("model.safetensors", loaded)
+
+
 PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
          "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi,
-         "personaplex": _plan_moshi}  # the community PersonaPlex MLX layout -> moshi
+         "personaplex": _plan_moshi,  # the community PersonaPlex MLX layout -> moshi
+         "silero_vad": _plan_vad}
 
 
 def _quant_summary(module) -> tuple[dict | None, dict]:

@@ -18,7 +18,8 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     result is that model's wrapper: speech-to-text (`VoxtralRealtime`,
     `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
     (`VoxtralTTS`: `generate()`, `stream()`, `voices`) or full duplex (`Moshi`,
-    also PersonaPlex: `session().step()`). A `.nemo` archive path also works.
+    also PersonaPlex: `session().step()`) or voice activity detection (`SileroVAD`, see
+    `mlx_speech.models.silero_vad.load_vad`). A `.nemo` archive path also works.
     Quantized MLX checkpoints load as they are; `quantize=4|6|8` (`group_size=64`)
     quantizes a full-precision one while loading.
     """

@@ -10,6 +10,7 @@ MODELS = {
     "voxtral_tts": "mlx_speech.models.voxtral_tts",
     "moshi": "mlx_speech.models.moshi",
     "personaplex": "mlx_speech.models.moshi",  # the community MLX layout's config.json
+    "silero_vad": "mlx_speech.models.silero_vad",  # voice activity (mlx-community layout too)
 }
 ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints
 

@@ -1,0 +1,147 @@
+"""Silero VAD (v5 / v6, 16 kHz) in MLX: a speech probability per 32 ms frame, streaming.
+
+    from mlx_speech.models.silero_vad import load_vad
+    vad = load_vad()                        # the `silero-vad` wheel's weights (no torch)
+    state = vad.make_state(batch=2)
+    probs, state = vad(audio, state)        # audio (2, n * 512) float32 16 kHz -> (2, n)
+    mx.eval(probs, *state.arrays())
+
+Weights, read without torch: the `silero-vad` wheel's `data/silero_vad_16k.safetensors`
+(`pip install --no-deps silero-vad`), a local `.safetensors` file or folder, a hub repo
+(mlx-community's `silero-vad` / `silero-vad-v6` layout), or our converted layout. Only the
+16 kHz network is implemented (Silero's 8 kHz branch is not).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ...converted import is_converted, read_manifest, weight_files
+from ...errors import CheckpointError, MlxSpeechError
+from ...hub import load_safetensors, read_json
+from ..asr import load_strict, raise_missing
+from .model import CONTEXT, FRAME, SAMPLE_RATE, SileroVAD, VADState
+from .onnxfile import read_onnx
+from .weights import remap
+
+__all__ = ["CONTEXT", "FRAME", "SAMPLE_RATE", "SileroVAD", "VADState", "frame_probs", "load",
+           "load_vad", "weight_patterns", "wheel_weights"]
+
+MODEL_TYPE = "silero_vad"
+WHEEL_FILE = "silero_vad/data/silero_vad_16k.safetensors"
+_HOW = ("`pip install --no-deps silero-vad` (ships silero_vad_16k.safetensors; --no-deps: "
+        "the file needs no torch), or pass a .safetensors file, a folder or a hub repo id")
+
+
+def weight_patterns(folder: Path) -> list[str]:
+    return ["*.safetensors"]
+
+
+def wheel_weights() -> Path:
+    """The installed `silero-vad` wheel's 16 kHz safetensors, found without importing it
+    (its package imports torch)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("silero-vad")
+    except metadata.PackageNotFoundError:
+        raise CheckpointError(f"no Silero VAD weights found: {_HOW}") from None
+    f = Path(str(dist.locate_file(WHEEL_FILE)))
+    if not f.is_file():
+        raise CheckpointError(f"the installed silero-vad {dist.version} has no {WHEEL_FILE} "
+                              "(older releases lack it): `pip install --no-deps -U silero-vad`")
+    return f
+
+
+def _folder_file(folder: Path) -> Path:
+    """The one weights file of a folder: converted, mlx-community (config.json model_type
+    silero_vad) or one holding Silero's file (e.g. the wheel's data folder)."""
+    if read_manifest(folder) is not None:
+        return weight_files(folder)[0]
+    cfg = folder / "config.json"
+    if cfg.exists():
+        kind = read_json(cfg).get("model_type")
+        if kind != MODEL_TYPE:
+            raise CheckpointError(f"{folder} holds a {kind!r} model, not {MODEL_TYPE}")
+    elif (folder / Path(WHEEL_FILE).name).is_file():
+        return folder / Path(WHEEL_FILE).name
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        what = "no" if not files else f"{len(files)}"
+        raise CheckpointError(f"{folder}: {what} .safetensors files (expected one with the "
+                              "Silero VAD weights)")
+    return files[0]
+
+
+def _find(path: str | os.PathLike | None) -> Path:
+    if path is None:
+        return wheel_weights()
+    p = Path(path).expanduser()
+    if p.is_file():
+        if p.suffix not in (".safetensors", ".onnx"):
+            raise CheckpointError(f"{p} is not Silero VAD weights: pass a .safetensors file "
+                                  "(silero_vad_16k.safetensors) or Silero's .onnx model")
+        return p
+    if not p.exists():
+        from ...hub import resolve
+
+        p = resolve(str(path), lambda kind, folder: weight_patterns(folder))
+    return _folder_file(p)
+
+
+def load_vad(path: str | os.PathLike | None = None, *, dtype: mx.Dtype | None = None,
+             quantize: int | None = None, group_size: int | None = None) -> SileroVAD:
+    """Silero VAD, strictly (every key mapped, none missing) and memory-mapped.
+
+    `path`: None for the installed `silero-vad` wheel's `silero_vad_16k.safetensors`; else a
+    `.safetensors` file, one of Silero's `.onnx` models (read without onnx / onnxruntime; the
+    wheel's `silero_vad.onnx` is Silero's v6.2 release, which its JIT model shares and its
+    safetensors does not), a folder (our converted layout, mlx-community's, or one holding
+    Silero's file) or a hub repo id. Runs in float32 unless `dtype` says otherwise.
+    """
+    if quantize is not None or group_size is not None:
+        raise MlxSpeechError("the Silero VAD (0.3 M parameters) is not quantized; "
+                             "drop --quantize")
+    file = _find(path)
+    if file.suffix == ".onnx":  # Silero's release weights, read without onnx / onnxruntime
+        weights = remap({k: mx.array(v) for k, v in read_onnx(file).items()})
+    else:
+        weights = load_safetensors([file])
+        if not is_converted([file]):
+            weights = remap(weights)
+    model = SileroVAD()
+    expected = {k for k, _ in tree_flatten(model.parameters())}
+    raise_missing(expected, weights)
+    extra = sorted(set(weights) - expected)
+    if extra:
+        more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(f"{file}: unexpected key {extra[0]!r}{more}")
+    load_strict(model, weights, file, dtype)
+    return model
+
+
+def load(folder: str | os.PathLike, **kwargs) -> SileroVAD:
+    """The registry's entry (`mlx_speech.load(folder)` on a silero_vad checkpoint)."""
+    return load_vad(folder, **kwargs)
+
+
+def frame_probs(vad: SileroVAD, audio, *, piece_frames: int = 512) -> np.ndarray:
+    """Speech probability of every 32 ms frame of a whole clip (1-D float 16 kHz numpy or
+    mlx), zero-padded to whole frames, as Silero does; run `piece_frames` frames at a time
+    (evaluated between pieces, so memory and graph size stay bounded)."""
+    x = np.asarray(audio, dtype=np.float32)
+    if x.ndim != 1:
+        raise MlxSpeechError(f"frame_probs takes one clip (samples,), got {x.shape}")
+    x = np.pad(x, (0, -len(x) % FRAME))
+    state, out = vad.make_state(1), []
+    step = piece_frames * FRAME
+    for i in range(0, len(x), step):
+        probs, state = vad(mx.array(x[None, i:i + step]), state)
+        mx.eval(probs, *state.arrays())
+        out.append(np.array(probs[0]))
+    return np.concatenate(out) if out else np.zeros(0, np.float32)

@@ -1,0 +1,324 @@
+"""Silero VAD in MLX: parity with Silero's own ONNX (and JIT) on real speech, streaming ==
+offline, batched == alone (streams joining and leaving), loading every layout, clear errors.
+
+Real weights come from the `silero-vad` wheel (`pip install --no-deps silero-vad`, see the
+README's test command). Without it these tests fail under CI (env CI set) and skip elsewhere.
+The clips are espeak-ng speech with pauses and background noise (tests/data/make_vad_speech.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import soundfile as sf
+
+import mlx_speech
+from mlx_speech.errors import AudioError, CheckpointError, MlxSpeechError
+from mlx_speech.models.silero_vad import (
+    FRAME,
+    SAMPLE_RATE,
+    SileroVAD,
+    VADState,
+    frame_probs,
+    load_vad,
+    wheel_weights,
+)
+
+DATA = Path(__file__).parent / "data"
+CLIPS = json.loads((DATA / "vad_speech.json").read_text())
+PARITY_ATOL = 1e-5  # measured: 5.1e-7 (release ONNX), same order for the safetensors
+STREAM_ATOL = 1e-6  # only the GEMM row count differs between chunkings
+
+
+def _wheel() -> Path:
+    try:
+        return wheel_weights()
+    except CheckpointError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e} -- CI must install it (the README's test command does)")
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def wheel_dir() -> Path:
+    return _wheel().parent
+
+
+@pytest.fixture(scope="module")
+def vad(wheel_dir) -> SileroVAD:  # the wheel's silero_vad_16k.safetensors (the default)
+    return load_vad()
+
+
+@pytest.fixture(scope="module")
+def vad_release(wheel_dir) -> SileroVAD:  # Silero's v6.2 release weights, from its ONNX
+    return load_vad(wheel_dir / "silero_vad.onnx")
+
+
+def clip(name: str) -> np.ndarray:
+    x, sr = sf.read(DATA / CLIPS[name]["file"], dtype="float32")
+    assert sr == SAMPLE_RATE
+    return np.pad(x, (0, -len(x) % FRAME))
+
+
+def offline(model: SileroVAD, x: np.ndarray) -> np.ndarray:
+    probs, _ = model(mx.array(x[None]))
+    mx.eval(probs)
+    return np.array(probs[0])
+
+
+def onnxruntime_probs(model_bytes: bytes, x: np.ndarray) -> np.ndarray:
+    """Silero's ONNX through onnxruntime, driven as Silero's OnnxWrapper drives it: one
+    512-sample frame per call, the previous 64 samples prepended, the state carried."""
+    ort = pytest.importorskip("onnxruntime")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    state, ctx, out = np.zeros((2, 1, 128), np.float32), np.zeros((1, 64), np.float32), []
+    for i in range(0, len(x), FRAME):
+        window = np.concatenate([ctx, x[None, i:i + FRAME]], axis=1)
+        p, state = sess.run(None, {"input": window, "state": state,
+                                   "sr": np.array(SAMPLE_RATE, np.int64)})
+        ctx = window[:, -64:]
+        out.append(p[0, 0])
+    return np.array(out)
+
+
+# --- parity with Silero's own implementation, real speech ---------------------------------
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+@pytest.mark.parametrize("onnx", ["silero_vad.onnx", "silero_vad_16k_op15.onnx"])
+def test_release_weights_match_silero_onnx(vad_release, wheel_dir, name, onnx):
+    x = clip(name)
+    ref = onnxruntime_probs((wheel_dir / onnx).read_bytes(), x)
+    ours = offline(load_vad(wheel_dir / onnx) if onnx != "silero_vad.onnx" else vad_release, x)
+    assert ours.shape == ref.shape == (len(x) // FRAME,)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=PARITY_ATOL)
+    assert ref.max() > 0.9 and ref.min() < 0.1  # real speech and real pauses in the clip
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+def test_wheel_safetensors_match_silero_graph(vad, wheel_dir, name):
+    """The wheel's safetensors is another checkpoint than its ONNX / JIT (Silero issue #768):
+    run Silero's own ONNX graph with those weights swapped in, byte for byte."""
+    from safetensors.numpy import load_file
+
+    from mlx_speech.models.silero_vad.onnxfile import read_onnx
+
+    onnx = wheel_dir / "silero_vad_16k_op15.onnx"
+    blob = onnx.read_bytes()
+    ours_w = load_file(str(wheel_dir / "silero_vad_16k.safetensors"))
+    for key, w in read_onnx(onnx).items():
+        old, new = np.ascontiguousarray(w).tobytes(), ours_w[key].astype("<f4").tobytes()
+        assert len(old) == len(new) and blob.count(old) == 1, key
+        blob = blob.replace(old, new)
+    x = clip(name)
+    np.testing.assert_allclose(offline(vad, x), onnxruntime_probs(blob, x), rtol=0,
+                               atol=PARITY_ATOL)
+
+
+def test_release_weights_match_silero_jit(vad_release, wheel_dir):
+    torch = pytest.importorskip("torch")
+    jit = torch.jit.load(str(wheel_dir / "silero_vad.jit"), map_location="cpu").eval()
+    x = clip("three_short_noisy")
+    with torch.no_grad():
+        ref = np.array([float(jit(torch.from_numpy(x[i:i + FRAME])[None], SAMPLE_RATE))
+                        for i in range(0, len(x), FRAME)])
+    np.testing.assert_allclose(offline(vad_release, x), ref, rtol=0, atol=PARITY_ATOL)
+
+
+def test_speech_and_pauses_where_the_clips_have_them(vad):
+    """Frames well inside an utterance are speech, frames well inside a pause are not."""
+    for name, meta in CLIPS.items():
+        p = frame_probs(vad, clip(name))
+        t = (np.arange(len(p)) + 0.5) * FRAME / SAMPLE_RATE
+        spans = [(u["start_s"], u["end_s"]) for u in meta["utterances"]]
+        inside = np.zeros(len(p), bool)
+        near = np.zeros(len(p), bool)
+        for a, b in spans:
+            inside |= (t > a + 0.15) & (t < b - 0.15)
+            near |= (t > a - 0.35) & (t < b + 0.35)
+        assert np.mean(p[inside] > 0.5) > 0.85, name
+        assert np.all(p[~near] < 0.5), name
+
+
+# --- streaming == offline, batched == alone ------------------------------------------------
+
+def _chunkings(n: int):
+    rng = np.random.default_rng(0)
+    yield [1] * n
+    yield [3] * (n // 3) + [n % 3]
+    yield [7] * (n // 7) + [n % 7]
+    cuts = np.sort(rng.choice(np.arange(1, n), size=9, replace=False))
+    yield list(np.diff(np.concatenate([[0], cuts, [n]])))
+
+
+def test_streaming_equals_offline(vad):
+    x = clip("two_utterances")
+    want = offline(vad, x)
+    n = len(want)
+    for sizes in _chunkings(n):
+        state, got, pos = vad.make_state(1), [], 0
+        for k in (int(s) for s in sizes if s):
+            probs, state = vad(mx.array(x[None, pos * FRAME:(pos + k) * FRAME]), state)
+            mx.eval(probs, *state.arrays())
+            got.append(np.array(probs[0]))
+            pos += k
+        assert pos == n
+        np.testing.assert_allclose(np.concatenate(got), want, rtol=0, atol=STREAM_ATOL)
+    # a one-stream 1-D call is the same stream
+    probs, _ = vad(mx.array(x))
+    np.testing.assert_allclose(np.array(probs), want, rtol=0, atol=STREAM_ATOL)
+    np.testing.assert_allclose(frame_probs(vad, x, piece_frames=37), want, rtol=0,
+                               atol=STREAM_ATOL)
+
+
+def test_batched_equals_alone_with_streams_joining_and_leaving(vad):
+    a, b = clip("two_utterances"), clip("three_short_noisy")
+    streams = {"a": a, "b": b, "c": a[::-1].copy(), "d": b[FRAME * 5:].copy()}
+    alone = {k: offline(vad, v) for k, v in streams.items()}
+    # (frames this step, streams active in it): streams join and leave between steps
+    plan = [(4, "a"), (6, "ab"), (5, "abc"), (3, "bc"), (8, "bcd"), (2, "d"), (9, "acd")]
+    states: dict[str, VADState] = {}
+    pos = dict.fromkeys(streams, 0)
+    got: dict[str, list] = {k: [] for k in streams}
+    for k, active in plan:
+        names = list(active)
+        state = VADState.stack([states.get(s) or vad.make_state(1) for s in names])
+        audio = np.stack([streams[s][pos[s] * FRAME:(pos[s] + k) * FRAME] for s in names])
+        probs, state = vad(mx.array(audio), state)
+        mx.eval(probs, *state.arrays())
+        for i, s in enumerate(names):
+            states[s] = state.rows(i)
+            got[s].append(np.array(probs[i]))
+            pos[s] += k
+    for s in streams:
+        ours = np.concatenate(got[s])
+        np.testing.assert_allclose(ours, alone[s][:len(ours)], rtol=0, atol=STREAM_ATOL,
+                                   err_msg=s)
+
+
+def test_state_rows_stack_split(vad):
+    st = vad.make_state(3)
+    assert st.batch == 3 and st.context.shape == (3, 64) and st.h.shape == (3, 128)
+    _, st = vad(mx.array(np.random.default_rng(1).uniform(-0.3, 0.3, (3, 2 * FRAME))
+                         .astype(np.float32)), st)
+    parts = st.split()
+    assert [p.batch for p in parts] == [1, 1, 1]
+    back = VADState.stack([parts[2], parts[0]])
+    for a, b in zip(back.arrays(), st.rows([2, 0]).arrays(), strict=True):
+        assert mx.array_equal(a, b)
+    assert mx.array_equal(st.rows(-1).h, parts[2].h)
+    with pytest.raises(MlxSpeechError, match="out of range"):
+        st.rows([3])
+    with pytest.raises(MlxSpeechError, match="at least one"):
+        VADState.stack([])
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_bad_audio_is_one_clear_error(vad):
+    ok = mx.zeros((1, FRAME))
+    with pytest.raises(AudioError, match="16000 Hz audio, got 8000 Hz"):
+        vad(ok, sample_rate=8000)
+    with pytest.raises(AudioError, match="whole 512-sample frames"):
+        vad(mx.zeros((1, 500)))
+    with pytest.raises(AudioError, match="float samples"):
+        vad(mx.zeros((1, FRAME), dtype=mx.int16))
+    with pytest.raises(AudioError, match=r"\(batch, samples\)"):
+        vad(mx.zeros((1, 1, FRAME)))
+    with pytest.raises(MlxSpeechError, match="state is for 2 streams, audio has 1"):
+        vad(ok, vad.make_state(2))
+    probs, st = vad(mx.zeros((2, 0)))
+    assert probs.shape == (2, 0) and st.batch == 2
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+def _same(m1: SileroVAD, m2: SileroVAD) -> None:
+    x = clip("three_short_noisy")[: 40 * FRAME]
+    np.testing.assert_array_equal(offline(m1, x), offline(m2, x))
+
+
+def _mlx_community(vad: SileroVAD, dest: Path, eight_k: bool = True) -> Path:
+    """mlx-community/silero-vad's layout: config.json + our names under vad_16k. (and the
+    8 kHz branch under vad_8k. in the v5 repo)."""
+    from mlx.utils import tree_flatten
+
+    dest.mkdir()
+    w = {f"vad_16k.{k}": v for k, v in tree_flatten(vad.parameters())}
+    if eight_k:
+        w["vad_8k.stft_conv.weight"] = mx.zeros((130, 128, 1))
+    mx.save_safetensors(str(dest / "model.safetensors"), w)
+    (dest / "config.json").write_text(json.dumps({"model_type": "silero_vad",
+                                                  "branch_16k": {"chunk_size": 512}}))
+    return dest
+
+
+def test_loads_every_layout(vad, vad_release, wheel_dir, tmp_path):
+    _same(vad, load_vad(wheel_dir))  # a folder holding Silero's file
+    _same(vad, load_vad(wheel_dir / "silero_vad_16k.safetensors"))
+    community = _mlx_community(vad_release, tmp_path / "community")
+    _same(vad_release, load_vad(community))
+    loaded = mlx_speech.load(community)  # the registry: config.json model_type silero_vad
+    assert isinstance(loaded, SileroVAD)
+    _same(vad_release, loaded)
+
+    from mlx_speech.convert import convert_model
+    from mlx_speech.converted import read_manifest
+
+    out = convert_model(community, tmp_path / "ours", progress=False)
+    assert read_manifest(out)["model_type"] == "silero_vad"
+    _same(vad_release, load_vad(out))
+    _same(vad_release, mlx_speech.load(out))
+
+
+def test_loading_errors_are_one_line(vad, wheel_dir, tmp_path, monkeypatch):
+    with pytest.raises(CheckpointError, match="not Silero VAD weights"):
+        load_vad(wheel_dir / "silero_vad.jit")
+    other = tmp_path / "other.safetensors"
+    mx.save_safetensors(str(other), {"encoder.weight": mx.zeros((2, 2))})
+    with pytest.raises(CheckpointError, match="not Silero VAD weights"):
+        load_vad(other)
+    from mlx.utils import tree_flatten
+
+    w = dict(tree_flatten(vad.parameters()))
+    w.pop("lstm.Wh")
+    mx.save_safetensors(str(other), {f"vad_16k.{k}": v for k, v in w.items()})
+    with pytest.raises(CheckpointError, match="missing key 'lstm.Wh'"):
+        load_vad(other)
+    w = {f"vad_16k.{k}": v for k, v in tree_flatten(vad.parameters())}
+    w["vad_16k.extra.weight"] = mx.zeros(3)
+    mx.save_safetensors(str(other), w)
+    with pytest.raises(CheckpointError, match="unexpected key 'extra.weight'"):
+        load_vad(other)
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / "config.json").write_text('{"model_type": "moshi"}')
+    with pytest.raises(CheckpointError, match="'moshi' model, not silero_vad"):
+        load_vad(tmp_path / "wrong")
+    with pytest.raises(MlxSpeechError, match="not quantized"):
+        load_vad(quantize=4)
+
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(CheckpointError, match="pip install --no-deps silero-vad"):
+        load_vad()
+
+
+def test_no_torch_imported_to_find_the_wheel(wheel_dir):
+    import subprocess
+    import sys
+
+    code = ("import sys; from mlx_speech.models.silero_vad import load_vad; load_vad(); "
+            "print(sorted(m for m in ('torch', 'silero_vad', 'onnxruntime') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
