@@ -23,13 +23,21 @@ FORMATS = ("txt", "json", "srt", "vtt")
 PROGRESS_MIN_SECONDS = 60.0
 
 
-def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
-    """Group words into cues: split after . ? ! or at a pause or a long run."""
+def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, breaks=()):
+    """Group words into cues: split after . ? ! or at a pause or a long run, and before the
+    first word at or after each of `breaks` (seconds: where the VAD found a pause ending,
+    see `pause_breaks`)."""
     from .writers import Segment
 
     segs, cur = [], []
+    breaks, b = sorted(breaks), 0
     for w in words:
-        if cur and (w.start - cur[-1].end > max_gap or w.end - cur[0].start > max_len):
+        crossed = False
+        while b < len(breaks) and w.start >= breaks[b]:
+            b += 1
+            crossed = True
+        if cur and (crossed or w.start - cur[-1].end > max_gap
+                    or w.end - cur[0].start > max_len):
             segs.append(cur)
             cur = []
         cur.append(w)
@@ -39,6 +47,17 @@ def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
     if cur:
         segs.append(cur)
     return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
+
+
+def pause_breaks(vad, audio, silence_ms: int = 500) -> list[float]:
+    """Where speech resumes after each pause of `silence_ms` or more in a whole clip (16 kHz),
+    in seconds (the turns' starts, prefix padding included; the first turn's left out)."""
+    from .audio.turns import SpeechStarted, TurnConfig, TurnDetector
+    from .models.silero_vad import frame_probs
+
+    events = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)).push(
+        frame_probs(vad, audio))
+    return [e.start / 16000 for e in events if isinstance(e, SpeechStarted)][1:]
 
 
 def _progress_bar(total_s: float):

@@ -476,3 +476,32 @@ def test_pipecat_openai_realtime_stt_with_its_own_vad(srv, models, speech, wire)
     # each item is what the client appended between commits, transcribed as the library does
     for x, text in zip(appended(received)[:2], finals, strict=True):
         assert text == models["nm"].transcribe(x, sample_rate=24000).text and text
+
+
+# ============================================================ REST segments
+
+
+def test_rest_verbose_json_segments_follow_pauses(srv, models, vad):
+    """With a VAD, no segment spans a pause: the three phrases give three segments (the tiny
+    model's words have no sentence ends and no gaps long enough to split otherwise)."""
+    import httpx
+
+    from mlx_speech.transcribe import pause_breaks, segments_from_words
+    from tests.test_server import wav_bytes
+
+    audio, spans = scene(("please", "meeting", "go"), lead_s=0.5, gap_s=0.7, tail_s=0.5)
+    r = httpx.post(srv.base + "/v1/audio/transcriptions", timeout=DEADLINE_S,
+                   files={"file": ("a.wav", wav_bytes(audio))},
+                   data={"model": "nm", "response_format": "verbose_json"})
+    segs = r.json()["segments"]
+    ref = models["nm"].transcribe(audio)
+    breaks = pause_breaks(vad, audio)
+    assert len(breaks) == 2
+    assert [(s["start"], s["end"], s["text"]) for s in segs] == [
+        (round(s.start, 3), round(s.end, 3), s.text)
+        for s in segments_from_words(ref.words, breaks=breaks)]
+    assert len(segs) == 3 and len(segments_from_words(ref.words)) == 1
+    for (a, b), brk, (on, _) in zip(zip(segs, segs[1:], strict=False), breaks, spans[1:],
+                                    strict=True):
+        assert a["start"] < brk <= b["start"]  # a segment per side of each pause
+        assert abs(brk - (on - 0.3)) < ONSET_TOL_S  # the pause ends where speech resumes

@@ -211,7 +211,10 @@ def create_app(served: Served) -> FastAPI:
             result = await _await_done(q)
         finally:
             s.close()
-        return _transcript_response(fmt, result, seconds, "word" in grans)
+        breaks = ()
+        if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
+            breaks = await _pause_breaks(served, audio, model.sample_rate)
+        return _transcript_response(fmt, result, seconds, "word" in grans, breaks)
 
     # -- POST /v1/audio/speech -------------------------------------------------------
     @app.post("/v1/audio/speech")
@@ -367,13 +370,32 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
         s.close()
 
 
-def _transcript_response(fmt: str, result, seconds: float, words: bool):
+async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
+    """The upload's pauses (the VAD, run on the engine thread like every MLX call)."""
+    from ..transcribe import pause_breaks
+
+    if rate != 16000:
+        return []
+    from types import SimpleNamespace
+
+    q: asyncio.Queue = asyncio.Queue()
+    # a one-chunk job: the engine thread runs the VAD and hands back ("audio", breaks)
+    served.engine.open_speech(
+        lambda: (SimpleNamespace(samples=pause_breaks(served.vad, audio)) for _ in range(1)),
+        AsyncSink(q, asyncio.get_running_loop()))
+    ev = await q.get()
+    if ev[0] != "audio":
+        raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+    return ev[1]
+
+
+def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=()):
     from ..transcribe import segments_from_words
     from ..writers import format_srt, format_vtt
 
     if fmt == "text":
         return PlainTextResponse(result.text + "\n")
-    segments = segments_from_words(result.words)
+    segments = segments_from_words(result.words, breaks=breaks)
     if fmt == "srt":
         return PlainTextResponse(format_srt(segments))
     if fmt == "vtt":
