@@ -10,7 +10,7 @@ import pytest
 import mlx_speech
 from mlx_speech.models import asr
 from tests.conftest import speechlike
-from tests.turns_audio import scene
+from tests.turns_audio import fake_microphone, scene, silero_or_skip
 
 GOLDEN_NM = "tests/golden/nemotron"
 BLOCK = 1280  # the microphone's block (80 ms)
@@ -23,12 +23,7 @@ def nm():
 
 @pytest.fixture(scope="module")
 def vad():
-    from mlx_speech.models.silero_vad import load_vad
-
-    try:
-        return load_vad()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no Silero VAD weights ({e})")
+    return silero_or_skip()
 
 
 def blocks(x: np.ndarray, n: int = BLOCK):
@@ -144,27 +139,7 @@ def test_live_cli_ends_lines_at_pauses(nm, vad, monkeypatch, capsys):
     x, _ = scene(("go", "please"), lead_s=0.4, gap_s=0.9, tail_s=0.9, seed=6)
     queue = blocks(x)
 
-    class FakeMic:
-        dropped, ended = 0, False
-
-        def __init__(self, **kw):
-            assert kw["sample_rate"] == 16000
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def problem(self, quiet_seconds):
-            return None
-
-        def read_watched(self, timeout, warn):
-            if not queue:
-                raise KeyboardInterrupt
-            return queue.pop(0)
-
-    monkeypatch.setattr(devices, "Microphone", FakeMic)
+    monkeypatch.setattr(devices, "Microphone", fake_microphone(queue))
     monkeypatch.setattr(mlx_speech, "load", lambda *a, **k: nm)
     assert transcribe.main(["--live", "--timestamps", "--model", "nm"]) == 0
     got = capsys.readouterr().out.splitlines()

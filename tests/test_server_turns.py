@@ -32,7 +32,7 @@ websockets = pytest.importorskip("websockets")
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
 from tests.test_server import GOLDEN, ServerThread, pcm16  # noqa: E402
-from tests.turns_audio import scene  # noqa: E402
+from tests.turns_audio import scene, silero_or_skip  # noqa: E402
 
 DEADLINE_S = 60.0
 # where the VAD puts turn edges, against the phrases' true speech edges: onsets within 100 ms
@@ -45,12 +45,7 @@ PAUSE_S = 0.8
 
 @pytest.fixture(scope="module")
 def vad():
-    from mlx_speech.models.silero_vad import load_vad
-
-    try:
-        return load_vad()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no Silero VAD weights ({e})")
+    return silero_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -77,23 +72,22 @@ def server_audio(pcm24: np.ndarray) -> np.ndarray:
     return resample(pcm24.astype(np.float32) / 32768, 24000, 16000)
 
 
-def check_items(items, models, name, audio16, spans, end_extra_s, prefix_s=0.3):
+def check_items(items, models, name, audio16, spans, end_extra_s, prefix_s=0.3, chain=True):
     """Each item: its span brackets a phrase (prefix padding before, never reaching into the
     previous item; the closing silence after), its transcript is the library's for exactly
     that span, non-empty; ids chained."""
     assert len(items) == len(spans), [(i["start"], i.get("end")) for i in items]
-    prev, prev_end = None, 0.0
+    prev = None
     for it, (on, off) in zip(items, spans, strict=True):
         start, end = it["start"] / 1000, it["end"] / 1000
-        want = max(on - prefix_s, prev_end)
+        want = max(on - prefix_s, it["floor"] / 1000)
         assert abs(start - want) < ONSET_TOL_S, (start, on, prefix_s)
-        prev_end = end
         lag = end - (off + end_extra_s)
         assert OFFSET_LAG_S[0] < lag < OFFSET_LAG_S[1], (end, off, end_extra_s)
         ref = models[name].transcribe(audio16[it["start"] * 16: it["end"] * 16]).text
         assert it["transcript"] == ref, (it["transcript"], ref)
         assert ref or name == "vr"
-        assert it["previous_item_id"] == prev
+        assert it["previous_item_id"] == prev or not chain
         prev = it["id"]
 
 
@@ -113,14 +107,19 @@ async def raw_client(srv, model: str, pcm: np.ndarray, turn_detection: dict,
                                       "audio": base64.b64encode(b[i:i + 4800]).decode()}))
             await asyncio.sleep(0.1 * pace)
         await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "last"}))
-        while True:
+        committed, done, ended = set(), set(), False
+        while not ended or committed - done:  # the commit's answer, then every item done
             ev = json.loads(await ws.recv())
             events.append(ev)
             if ev["type"] == "error":
                 assert ev["error"]["code"] == "input_audio_buffer_commit_empty", ev
                 assert ev["error"]["event_id"] == "last"
-                break
-    return items_of(events), [e["type"] for e in events]
+                ended = True
+            elif ev["type"] == "input_audio_buffer.committed":
+                committed.add(ev["item_id"])
+            elif ev["type"].endswith(".completed"):
+                done.add(ev["item_id"])
+    return items_of(events), [e["type"] for e in events if e["type"] != "error"]
 
 
 def items_of(events: list[dict]) -> list[dict]:
@@ -131,6 +130,10 @@ def items_of(events: list[dict]) -> list[dict]:
         if t == "input_audio_buffer.speech_started":
             items[e["item_id"]] = {"id": e["item_id"], "start": e["audio_start_ms"],
                                    "deltas": [], "order": [t]}
+        elif t == "input_audio_buffer.timeout_triggered":
+            items[e["item_id"]] = {"id": e["item_id"], "start": e["audio_start_ms"],
+                                   "end": e["audio_end_ms"], "deltas": [], "order": [t],
+                                   "idle": True}
         elif t.startswith(("input_audio_buffer.", "conversation.item")) and "item_id" in e:
             it = items[e["item_id"]]
             it["order"].append(t)
@@ -147,7 +150,10 @@ def items_of(events: list[dict]) -> list[dict]:
             it["order"].append(t)
             assert e["previous_item_id"] == it["previous_item_id"]
             assert e["item"]["role"] == "user" and e["item"]["type"] == "message"
-    return list(items.values())
+    out = list(items.values())
+    for a, b in zip([None] + out, out, strict=False):  # where the item before ended
+        b["floor"] = a.get("end", 0) if a is not None else 0
+    return out
 
 
 @pytest.mark.parametrize("name", ["nm", "vr"])
@@ -505,3 +511,48 @@ def test_rest_verbose_json_segments_follow_pauses(srv, models, vad):
                                     strict=True):
         assert a["start"] < brk <= b["start"]  # a segment per side of each pause
         assert abs(brk - (on - 0.3)) < ONSET_TOL_S  # the pause ends where speech resumes
+
+
+def test_idle_timeout_commits_the_silent_stretch(srv, models, speech):
+    """server_vad's idle_timeout_ms: timeout_triggered, then the silent stretch is an item of
+    its own (committed, added, transcribed: the library's text of exactly that stretch); the
+    speech turns are unchanged."""
+    audio16, pcm, spans = speech
+    td = {"type": "server_vad", "idle_timeout_ms": 400}
+
+    async def go():
+        url = srv.ws + "/v1/realtime?intent=transcription&model=nm"
+        events = []
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {"turn_detection": td}}}}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm.tobytes()).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            committed, done, ended = set(), set(), False
+            while not ended or committed - done:  # the commit's error, then every item done
+                ev = json.loads(await ws.recv())
+                events.append(ev)
+                ended |= ev["type"] == "error"
+                if ev["type"] == "input_audio_buffer.committed":
+                    committed.add(ev["item_id"])
+                elif ev["type"].endswith(".completed"):
+                    done.add(ev["item_id"])
+        return events
+
+    events = asyncio.run(asyncio.wait_for(go(), DEADLINE_S))
+    a16 = server_audio(pcm)
+    timeouts = [e for e in events if e["type"] == "input_audio_buffer.timeout_triggered"]
+    assert timeouts and timeouts[0]["audio_start_ms"] == 0
+    assert 400 <= timeouts[0]["audio_end_ms"] < 400 + 32
+    done = {e["item_id"]: e["transcript"] for e in events if e["type"].endswith(".completed")}
+    for t in timeouts:
+        i = events.index(t)
+        assert [e["type"] for e in events[i + 1: i + 3]] == [
+            "input_audio_buffer.committed", "conversation.item.added"]
+        seg = a16[t["audio_start_ms"] * 16: t["audio_end_ms"] * 16]
+        assert done[t["item_id"]] == models["nm"].transcribe(seg).text
+    items = items_of(events)
+    assert [it["previous_item_id"] for it in items] == [None] + [it["id"] for it in items[:-1]]
+    check_items([it for it in items if not it.get("idle")], models, "nm", a16, spans,
+                end_extra_s=0.5, chain=False)

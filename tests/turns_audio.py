@@ -41,3 +41,47 @@ def scene(names=("please", "meeting", "go"), lead_s: float = 0.7, gap_s: float =
         spans.append(((pos + on) / RATE, (pos + off) / RATE))
         pos += len(x) + int(gap_s * RATE)
     return audio, spans
+
+
+def silero_or_skip():
+    """The real Silero VAD (the silero-vad wheel's weights), or skip the test saying why."""
+    import pytest
+
+    from mlx_speech.models.silero_vad import load_vad
+
+    try:
+        return load_vad()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no Silero VAD weights ({e})")
+
+
+def fake_microphone(blocks: list[np.ndarray]):
+    """A `Microphone` class for `transcribe --live` that hands out `blocks`, then Ctrl-C."""
+
+    class FakeMic:
+        dropped, ended = 0, False
+
+        def __init__(self, **kw):
+            assert kw["sample_rate"] == RATE
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def silent_for(self):
+            return 0.0
+
+        def problem(self, quiet_seconds):
+            return None
+
+        def read(self, timeout=None):
+            if not blocks:
+                raise KeyboardInterrupt
+            return blocks.pop(0)
+
+        def read_watched(self, timeout, warn):
+            return self.read(timeout)
+
+    return FakeMic
