@@ -556,3 +556,31 @@ def test_idle_timeout_commits_the_silent_stretch(srv, models, speech):
     assert [it["previous_item_id"] for it in items] == [None] + [it["id"] for it in items[:-1]]
     check_items([it for it in items if not it.get("idle")], models, "nm", a16, spans,
                 end_extra_s=0.5, chain=False)
+
+
+def test_concurrent_streams_share_batched_vad_calls(srv, models, monkeypatch):
+    """Three clients at once, each its own speech: each gets its turns exactly as alone, and
+    the engine ran their VAD frames in shared batched calls."""
+    import mlx_speech.server.turns as turns
+
+    sizes = []
+    group = turns._vad_group
+
+    def counted(streams):
+        sizes.append(len(streams))
+        return group(streams)
+
+    monkeypatch.setattr(turns, "_vad_group", counted)
+    orders = [("meeting", "go"), ("go", "please"), ("please", "meeting")]
+    scenes = [scene(o, lead_s=0.5, gap_s=PAUSE_S, tail_s=0.9, seed=i)
+              for i, o in enumerate(orders)]
+    pcms = [pcm16(resample(a, 16000, 24000)) for a, _ in scenes]
+    td = {"type": "server_vad"}
+
+    async def all_clients():
+        return await asyncio.gather(*(raw_client(srv, "nm", p, td) for p in pcms))
+
+    results = asyncio.run(asyncio.wait_for(all_clients(), DEADLINE_S))
+    for (items, _), p, (_, spans) in zip(results, pcms, scenes, strict=True):
+        check_items(items, models, "nm", server_audio(p), spans, end_extra_s=0.5)
+    assert max(sizes) > 1, sizes
