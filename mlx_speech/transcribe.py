@@ -49,15 +49,30 @@ def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, brea
     return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
 
 
+def pause_break_steps(vad, audio, silence_ms: int = 500, piece_s: float = 16.384):
+    """`pause_breaks` a piece at a time: yields None after each `piece_s` of audio through the
+    VAD (so a server's engine can step live streams in between), then the breaks."""
+    import mlx.core as mx
+    import numpy as np
+
+    from .audio.turns import FRAME, SpeechStarted, TurnConfig, TurnDetector
+
+    det, state = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)), vad.make_state(1)
+    x = np.pad(np.asarray(audio, np.float32), (0, -len(audio) % FRAME))  # as Silero pads
+    starts, step = [], int(piece_s * 16000) // FRAME * FRAME
+    for i in range(0, len(x), step):
+        probs, state = vad(mx.array(x[None, i:i + step]), state)
+        mx.eval(probs, *state.arrays())
+        starts += [e.start for e in det.push(np.array(probs[0])) if isinstance(e, SpeechStarted)]
+        yield None
+    yield [s / 16000 for s in starts[1:]]
+
+
 def pause_breaks(vad, audio, silence_ms: int = 500) -> list[float]:
     """Where speech resumes after each pause of `silence_ms` or more in a whole clip (16 kHz),
     in seconds (the turns' starts, prefix padding included; the first turn's left out)."""
-    from .audio.turns import SpeechStarted, TurnConfig, TurnDetector
-    from .models.silero_vad import frame_probs
-
-    events = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)).push(
-        frame_probs(vad, audio))
-    return [e.start / 16000 for e in events if isinstance(e, SpeechStarted)][1:]
+    *_, breaks = pause_break_steps(vad, audio, silence_ms)
+    return breaks
 
 
 def _progress_bar(total_s: float):

@@ -146,3 +146,13 @@ def test_live_cli_ends_lines_at_pauses(nm, vad, monkeypatch, capsys):
     turns = _turns_offline(vad, x)
     assert [line[15:] for line in got] == [nm.transcribe(x[a:b]).text for a, b in turns]
     assert len(got) == 2
+
+
+def test_pause_breaks_in_pieces_equal_whole(vad):
+    from mlx_speech.transcribe import pause_break_steps, pause_breaks
+
+    x, _ = scene(("go", "meeting", "please"), lead_s=0.4, gap_s=0.8, tail_s=0.5, seed=7)
+    whole = [a / 16000 for a, _ in _turns_offline(vad, x)][1:]
+    *progress, pieces = pause_break_steps(vad, x, piece_s=1.024)
+    assert len(progress) == -(-len(x) // 16384) and set(progress) == {None}
+    assert pieces == pause_breaks(vad, x) == whole and len(whole) == 2

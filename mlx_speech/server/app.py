@@ -371,22 +371,28 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
 
 
 async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
-    """The upload's pauses (the VAD, run on the engine thread like every MLX call)."""
-    from ..transcribe import pause_breaks
+    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as a job
+    advanced one 16 s piece per tick (live streams step in between); its last chunk is the
+    breaks."""
+    from types import SimpleNamespace
+
+    from ..transcribe import pause_break_steps
 
     if rate != 16000:
         return []
-    from types import SimpleNamespace
-
     q: asyncio.Queue = asyncio.Queue()
-    # a one-chunk job: the engine thread runs the VAD and hands back ("audio", breaks)
     served.engine.open_speech(
-        lambda: (SimpleNamespace(samples=pause_breaks(served.vad, audio)) for _ in range(1)),
+        lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
         AsyncSink(q, asyncio.get_running_loop()))
-    ev = await q.get()
-    if ev[0] != "audio":
-        raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
-    return ev[1]
+    breaks = []
+    while True:
+        ev = await q.get()
+        if ev[0] == "audio":
+            breaks = ev[1]
+        elif ev[0] == "done":
+            return breaks or []
+        else:
+            raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=()):
