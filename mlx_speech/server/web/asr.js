@@ -57,6 +57,7 @@ function startLive(model, el, onEnd) {
 
   setState(el.state, "connecting", "connecting");
   el.mic.textContent = "Stop";
+  el.mic.classList.add("danger");
 
   const append = (x) => {
     const pcm = floatToPcm16(x);
@@ -83,6 +84,7 @@ function startLive(model, el, onEnd) {
     }
     el.level.style.width = "0%";
     el.mic.textContent = "Start microphone";
+    el.mic.classList.remove("danger");
     el.mic.disabled = false;
     if (mic) mic.stop().catch(() => {});
     if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000);

@@ -77,9 +77,11 @@ export async function openMic(ctx, { frameSize, processing, onFrame }) {
     async stop() {
       src.disconnect();
       stream.getTracks().forEach((t) => t.stop());
+      // the audio thread answers at once; a closed context never does
       const rest = await new Promise((resolve) => {
         flushed = resolve;
         node.port.postMessage("flush");
+        setTimeout(() => resolve(new Float32Array(0)), 1000);
       });
       node.port.onmessage = null;
       return rest;
@@ -91,16 +93,17 @@ export async function openMic(ctx, { frameSize, processing, onFrame }) {
  * Plays chunks back to back: each chunk is one AudioBuffer at the context's rate started at the
  * exact sample where the previous one ends, so the joins have no gap. When a chunk comes late
  * (the queue ran dry) playback restarts `lead` seconds ahead (an underrun, counted), and the
- * lead grows so that a slow source stutters less. Chunks that would play more than `maxAhead`
- * seconds ahead are dropped (counted): a conversation stays live.
+ * lead grows so that a slow source stutters less. With `slack` set (a conversation), a chunk
+ * that would play more than lead + slack seconds ahead is dropped (counted): after a stall the
+ * burst that follows does not become lasting delay.
  */
 export class Player {
-  constructor(ctx, { lead = 0.1, maxLead = 0.5, maxAhead = Infinity } = {}) {
+  constructor(ctx, { lead = 0.1, maxLead = 0.5, slack = Infinity } = {}) {
     this.ctx = ctx;
     this.rate = ctx.sampleRate;
     this.lead = lead;
     this.maxLead = maxLead;
-    this.maxAhead = maxAhead;
+    this.slack = slack;
     this.out = ctx.createGain();
     this.out.connect(ctx.destination);
     this.next = null; // context frame where the next chunk starts
@@ -120,7 +123,7 @@ export class Player {
         this.lead = Math.min(this.maxLead, this.lead * 1.5);
       }
       this.next = now + Math.round(this.lead * this.rate);
-    } else if ((this.next - now) / this.rate > this.maxAhead) {
+    } else if ((this.next - now) / this.rate > this.lead + this.slack) {
       this.dropped += x.length;
       return false;
     }

@@ -63,7 +63,7 @@ function converse(model, el, onEnd) {
   const rate = model.sample_rate;
   const frameSize = Math.round(rate * FRAME_S);
   const ctx = audioContext(rate);
-  const player = new Player(ctx, { lead: 0.12, maxAhead: 1.0 });
+  const player = new Player(ctx, { lead: 0.12, slack: 0.2 });
   const decoder = new TextDecoder();
   let ws = null;
   let mic = null;
@@ -99,7 +99,7 @@ function converse(model, el, onEnd) {
     }
     el.stats.textContent = `↑ ${sent} frames sent · ↓ ${received} received · ` +
       `${Math.round(player.ahead * 1000)} ms queued to play · ${player.underruns} underruns` +
-      (player.dropped ? ` · ${(player.dropped / rate).toFixed(2)} s dropped to stay live` : "") +
+      (player.dropped ? ` · ${(player.dropped / rate).toFixed(2)} s skipped to stay live` : "") +
       ` · seed ${params.get("seed")}`;
   }, 100);
 
