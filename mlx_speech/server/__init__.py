@@ -4,6 +4,7 @@
         [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--quantize N]
         [--allowed-origin https://app.example]
 
+A page for trying every served model in a browser is at http://HOST:PORT/ .
 Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
 /v1/audio/speech, WS /v1/realtime (vLLM's dialect; OpenAI's with ?intent=transcription),
 WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
@@ -12,7 +13,7 @@ transcription streams of one model are batched into shared steps.
 Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
 handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
 --allowed-origin origins (default: loopback pages only). Needs the `server` extra
-(fastapi, uvicorn, python-multipart, websockets).
+(fastapi, uvicorn, python-multipart, websockets, sphn).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def _run(args) -> None:
                            max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
                            max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
                            batch=not args.no_batch, vad=vad)
+    shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
+    log(f"the page: http://{shown}:{args.port}/")
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:

@@ -115,8 +115,8 @@ class AsrStream(_Stream):
 
 
 class DuplexStream(_Stream):
-    """A Moshi/PersonaPlex conversation: `frame_size` samples in per step; ("audio", pcm)
-    and ("text", text) events per step."""
+    """A Moshi/PersonaPlex conversation: `frame_size` samples in per step; per step a
+    ("text", text) event when there is new text, then ("audio", pcm)."""
 
     def __init__(self, engine: Engine, owner, make_session, sink: Sink, max_samples: int):
         super().__init__(engine, sink, max_samples)
@@ -314,9 +314,9 @@ class Engine:
             log.exception("duplex step failed")
             s.fail("processing_error", f"model step failed: {e}")
             return True
-        s.emit(("audio", pcm))
-        if text:
+        if text:  # before the frame's audio: a client that has the audio has its text too
             s.emit(("text", text))
+        s.emit(("audio", pcm))
         return True
 
     def _step_speech(self, job: SpeechJob) -> bool:

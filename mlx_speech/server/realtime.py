@@ -29,7 +29,7 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
-from .common import AsyncSink, ModelNotFound, Served, TextDeltas, usage
+from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
 
 VLLM_RATE = 16000
@@ -82,7 +82,7 @@ class _Connection:
                 await self.ws.send_text(json.dumps(out))
 
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=answer_subprotocol(self.ws))
         writer = asyncio.create_task(self.writer())
         try:
             self.hello()
