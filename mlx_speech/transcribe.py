@@ -1,10 +1,12 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--delay-ms 480] [--save-audio heard.wav]
+    mlx_speech.transcribe --live [--timestamps] [--silence-ms 500] [--delay-ms 480]
+        [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
-Results go to stdout (or -o), logs and progress to stderr.
+Results go to stdout (or -o), logs and progress to stderr. --live ends a line at each pause
+(the Silero VAD: `pip install --no-deps silero-vad`; --no-vad for one endless line).
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ FORMATS = ("txt", "json", "srt", "vtt")
 PROGRESS_MIN_SECONDS = 60.0
 
 
-def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
-    """Group words into cues: split after . ? ! or at a pause or a long run."""
+def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, breaks=()):
+    """Group words into cues: split after . ? ! or at a pause or a long run, and before the
+    first word at or after each of `breaks` (seconds: where the VAD found a pause ending,
+    see `pause_breaks`)."""
     from .writers import Segment
 
     segs, cur = [], []
+    breaks, b = sorted(breaks), 0
     for w in words:
-        if cur and (w.start - cur[-1].end > max_gap or w.end - cur[0].start > max_len):
+        crossed = False
+        while b < len(breaks) and w.start >= breaks[b]:
+            b += 1
+            crossed = True
+        if cur and (crossed or w.start - cur[-1].end > max_gap
+                    or w.end - cur[0].start > max_len):
             segs.append(cur)
             cur = []
         cur.append(w)
@@ -37,6 +47,32 @@ def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0):
     if cur:
         segs.append(cur)
     return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
+
+
+def pause_break_steps(vad, audio, silence_ms: int = 500, piece_s: float = 16.384):
+    """`pause_breaks` a piece at a time: yields None after each `piece_s` of audio through the
+    VAD (so a server's engine can step live streams in between), then the breaks."""
+    import mlx.core as mx
+    import numpy as np
+
+    from .audio.turns import FRAME, SpeechStarted, TurnConfig, TurnDetector
+
+    det, state = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)), vad.make_state(1)
+    x = np.pad(np.asarray(audio, np.float32), (0, -len(audio) % FRAME))  # as Silero pads
+    starts, step = [], int(piece_s * 16000) // FRAME * FRAME
+    for i in range(0, len(x), step):
+        probs, state = vad(mx.array(x[None, i:i + step]), state)
+        mx.eval(probs, *state.arrays())
+        starts += [e.start for e in det.push(np.array(probs[0])) if isinstance(e, SpeechStarted)]
+        yield None
+    yield [s / 16000 for s in starts[1:]]
+
+
+def pause_breaks(vad, audio, silence_ms: int = 500) -> list[float]:
+    """Where speech resumes after each pause of `silence_ms` or more in a whole clip (16 kHz),
+    in seconds (the turns' starts, prefix padding included; the first turn's left out)."""
+    *_, breaks = pause_break_steps(vad, audio, silence_ms)
+    return breaks
 
 
 def _progress_bar(total_s: float):
@@ -108,12 +144,129 @@ class _AudioLog:
         self.file.close()
 
 
+def _clock(seconds: float) -> str:
+    h, rem = divmod(seconds, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{int(h):02d}:{int(m):02d}:{sec:06.3f}"
+
+
+class LiveLines:
+    """--live's core, device-free: audio blocks in (`feed`), text out (`write`).
+
+    With a VAD (`mlx_speech.models.silero_vad`) each turn of speech is its own session and
+    each pause ends its line (`timestamps`: the line starts with the time its turn's audio
+    begins); without one, one endless line, a new session after an end-of-stream token.
+    Sessions are drained as they go and turns forget their audio, so a day-long run holds
+    constant memory: the transcript streams out, none of it is kept.
+    """
+
+    def __init__(self, model, mode: dict, write, vad=None, silence_ms: int = 500,
+                 timestamps: bool = False):
+        from .audio.turns import TurnAudio, TurnConfig, TurnDetector
+
+        self.model, self.mode, self.write, self.vad = model, mode, write, vad
+        self.timestamps = timestamps
+        self.session = None if vad is not None else model.session(**mode)
+        self.turns = None
+        if vad is not None:
+            if model.sample_rate != 16000:
+                raise MlxSpeechError("the VAD takes 16 kHz audio")
+            self.turns = TurnAudio(TurnDetector(TurnConfig(silence_duration_ms=silence_ms)))
+            self.vad_state = vad.make_state(1)
+        self.line_start: float | None = None  # the open turn's start (s)
+        self.line_open = False  # text was written on the current line
+
+    def _text(self, text: str) -> None:
+        if not text:
+            return
+        if not self.line_open:
+            text = text.lstrip()
+            if not text:
+                return
+            if self.timestamps and self.line_start is not None:
+                text = f"[{_clock(self.line_start)}] {text}"
+            self.line_open = True
+        self.write(text)
+
+    def _end_line(self) -> None:
+        if self.line_open:
+            self.write("\n")
+        self.line_open = False
+
+    def _feed_session(self, x) -> None:
+        self._text(self.session.feed(x))
+        self.session.drain()  # the text is out: keep nothing of it
+
+    def feed(self, block) -> None:
+        if self.turns is None:
+            self._feed_session(block)
+            if self.session.done:  # EOS: start over on the same model
+                self._end_line()
+                self.session = self.model.session(**self.mode)
+            return
+        import mlx.core as mx
+        import numpy as np
+
+        self.turns.push(block)
+        frames = self.turns.frames()
+        if not len(frames):
+            return
+        probs, self.vad_state = self.vad(mx.array(frames.reshape(1, -1)), self.vad_state)
+        mx.eval(probs, *self.vad_state.arrays())
+        for a in self.turns.step(np.array(probs[0])):
+            if a[0] == "start":
+                self.session = self.model.session(**self.mode)
+                self.line_start = a[1] / 16000
+            elif a[0] == "audio":
+                self._feed_session(a[1])
+            elif a[0] == "stop":
+                self.close_turn()
+
+    def close_turn(self) -> None:
+        if self.session is not None:
+            self._text(self.session.finish())
+            self.session.drain()
+        self.session = None
+        self._end_line()
+
+    def finish(self) -> None:
+        """End of audio: the open turn's (or the endless line's) last text."""
+        if self.turns is not None:
+            for a in self.turns.commit():  # the open turn takes every sample heard
+                if a[0] == "audio":
+                    self._feed_session(a[1])
+        self.close_turn()
+
+
+def load_live_vad(args):
+    """The Silero VAD for --live: --vad PATH, else the silero-vad wheel's weights when they are
+    installed (without them one endless line, and a note saying so); None with --no-vad."""
+    if args.no_vad:
+        return None
+    from .errors import CheckpointError
+    from .models.silero_vad import load_vad
+
+    try:
+        return load_vad(args.vad)
+    except CheckpointError as e:
+        if args.vad is not None:
+            raise
+        log(f"note: no line breaks at pauses ({e})")
+        return None
+
+
 def live(model, args) -> None:
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
-    session = model.session(**mode)
+    vad = load_live_vad(args)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps)
     saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
     problem = None
@@ -129,21 +282,14 @@ def live(model, args) -> None:
                         continue
                     if saved is not None:
                         saved.write(block)
-                    text = session.feed(block)
-                    if text:
-                        sys.stdout.write(text)
-                        sys.stdout.flush()
-                    if session.done:  # EOS: start over on the same model
-                        sys.stdout.write("\n")
-                        session = model.session(**mode)
+                    lines.feed(block)
             except KeyboardInterrupt:
                 pass
             problem = mic.problem(QUIET_REPORT_S)
     finally:
         if saved is not None:
             saved.close()
-    sys.stdout.write(session.finish() + "\n")
-    sys.stdout.flush()
+    lines.finish()
     if problem:
         log(f"warning: {problem}")
     if mic.dropped:
@@ -160,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--live", action="store_true", help="transcribe the microphone")
     p.add_argument("--save-audio", metavar="FILE",
                    help="--live: also write the audio the session received to FILE")
+    p.add_argument("--timestamps", action="store_true",
+                   help="--live: start each line with the time its speech began")
+    p.add_argument("--silence-ms", type=int, default=500,
+                   help="--live: a pause this long ends the line (default 500)")
+    p.add_argument("--vad", metavar="PATH",
+                   help="--live: Silero VAD weights (default: the silero-vad wheel's)")
+    p.add_argument("--no-vad", action="store_true",
+                   help="--live: no VAD; one endless line")
     p.add_argument("--delay-ms", type=int, default=None,
                    help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
     p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
@@ -187,6 +341,8 @@ def _run(args) -> None:
             raise MlxSpeechError(f"no such file: {f}")
     if args.live and args.files:
         raise MlxSpeechError("give audio files or --live, not both")
+    if not args.live and (args.timestamps or args.no_vad or args.vad):
+        raise MlxSpeechError("--timestamps, --vad and --no-vad are for --live")
     if args.save_audio:
         if not args.live:
             raise MlxSpeechError("--save-audio is for --live")

@@ -139,38 +139,13 @@ def test_live_loop_prints_partials_and_ends_cleanly_on_ctrl_c(vr_dir, vr_model, 
                                                             capsys):
     import mlx_speech.audio.devices as devices
     from mlx_speech import transcribe
+    from tests.turns_audio import fake_microphone
 
     audio = speechlike(3.0, seed=11)
     blocks = [audio[i: i + 1280] for i in range(0, len(audio), 1280)]
 
-    class FakeMic:
-        dropped, ended = 0, False
-
-        def silent_for(self):
-            return 0.0
-
-        def problem(self, quiet_seconds):
-            return None
-
-        def __init__(self, **kw):
-            assert kw["sample_rate"] == 16000
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def read(self, timeout=None):
-            if not blocks:
-                raise KeyboardInterrupt
-            return blocks.pop(0)
-
-        def read_watched(self, timeout, warn):
-            return self.read(timeout)
-
-    monkeypatch.setattr(devices, "Microphone", FakeMic)
-    assert transcribe.main(["--live", "--model", str(vr_dir)]) == 0
+    monkeypatch.setattr(devices, "Microphone", fake_microphone(blocks))
+    assert transcribe.main(["--live", "--no-vad", "--model", str(vr_dir)]) == 0
     out = capsys.readouterr().out
     ids = vr_model.transcribe(audio).token_ids
     if vr_model.tokenizer.special_id("</s>") not in ids:  # one unbroken session

@@ -127,7 +127,7 @@ def test_transcribe_live_prints_the_transcript_of_what_it_heard(pulse, vr_dir, v
                                                                 tmp_path):
     audio = speechlike(20 * BLOCK / 16000, seed=5)  # 20 whole blocks, 1.6 s
     saved = tmp_path / "heard.wav"
-    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--model", str(vr_dir),
+    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--no-vad", "--model", str(vr_dir),
               "--save-audio", str(saved))
     cli.wait_ready()
     feed = pulse.feed_mic(audio)  # at real-time pace
@@ -142,7 +142,7 @@ def test_transcribe_live_prints_the_transcript_of_what_it_heard(pulse, vr_dir, v
 def test_transcribe_live_microphone_goes_quiet_then_away(pulse, vr_dir, vr_model, tmp_path):
     audio = speechlike(15 * BLOCK / 16000, seed=6)
     saved = tmp_path / "heard.wav"
-    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--model", str(vr_dir),
+    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--no-vad", "--model", str(vr_dir),
               "--save-audio", str(saved))
     cli.wait_ready()
     feed = pulse.feed_mic(np.concatenate([audio, audio]))
@@ -159,7 +159,7 @@ def test_transcribe_live_microphone_goes_quiet_then_away(pulse, vr_dir, vr_model
 
 def test_transcribe_live_microphone_unplugged(pulse, vr_dir, vr_model, tmp_path):
     saved = tmp_path / "heard.wav"
-    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--model", str(vr_dir),
+    cli = Cli(pulse, "mlx_speech.transcribe", "--live", "--no-vad", "--model", str(vr_dir),
               "--save-audio", str(saved))
     cli.wait_ready()
     pulse.feed_mic(speechlike(2.0, seed=7))

@@ -32,6 +32,26 @@ class Transcript:
     token_times: list[float] = field(default_factory=list)  # start (s) of each token
 
 
+DRAIN_HOLD_MAX = 256  # tokens `drain` may hold back for a word that could still grow
+
+
+def drain_cut(ids: list[int], token_bytes: Callable[[int], bytes],
+              is_marker: Callable[[int], bool] = lambda t: False) -> int:
+    """How many leading tokens a session's `drain` can release: all before the last word
+    start (a word marker or a piece with a leading space), whose word may still grow; all of
+    them when that word has held back more than DRAIN_HOLD_MAX tokens (memory stays bounded)."""
+    texty = False
+    for i in range(len(ids) - 1, -1, -1):
+        b = token_bytes(ids[i])
+        if is_marker(ids[i]) or b[:1].isspace():
+            cut = i
+            break
+        texty |= bool(b)
+    else:
+        cut = 0 if texty else len(ids)
+    return len(ids) if len(ids) - cut > DRAIN_HOLD_MAX else cut
+
+
 def group_words(items) -> list[Word]:
     """(piece bytes, start_s, end_s, is_word_marker) per token -> words.
 

@@ -4,6 +4,7 @@
         [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--quantize N]
         [--allowed-origin https://app.example]
 
+A page for trying every served model in a browser is at http://HOST:PORT/ .
 Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
 /v1/audio/speech, WS /v1/realtime (vLLM's dialect; OpenAI's with ?intent=transcription),
 WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
@@ -12,7 +13,7 @@ transcription streams of one model are batched into shared steps.
 Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
 handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
 --allowed-origin origins (default: loopback pages only). Needs the `server` extra
-(fastapi, uvicorn, python-multipart, websockets).
+(fastapi, uvicorn, python-multipart, websockets, sphn).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of audio a live stream may queue before buffer_full")
     p.add_argument("--idle-timeout-s", type=float, default=300.0,
                    help="close a WebSocket after this long without client events")
+    p.add_argument("--vad", metavar="PATH",
+                   help="Silero VAD weights for server_vad / semantic_vad turn detection (a "
+                        ".safetensors file, folder or hub repo; default: the installed "
+                        "silero-vad wheel's, when there is one)")
+    p.add_argument("--no-vad", action="store_true",
+                   help="no server-side turn detection (clients commit each turn)")
     p.add_argument("--no-batch", action="store_true",
                    help="debug/benchmark: step live streams one at a time")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
@@ -68,17 +75,36 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
     return models
 
 
+def load_server_vad(path: str | None):
+    """The VAD for turn detection: `path`, else the silero-vad wheel's weights when installed
+    (without them the server runs with client commits only, and says so)."""
+    from ..errors import CheckpointError
+    from ..models.silero_vad import load_vad
+
+    try:
+        return load_vad(path)
+    except CheckpointError as e:
+        if path is not None:
+            raise
+        log(f"note: no server-side turn detection (server_vad / semantic_vad): {e}")
+        return None
+
+
 def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
-             max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True):
-    """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`)."""
+             max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
+             vad=None):
+    """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
+
+    `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
+    server_vad / semantic_vad turn detection; None: clients must commit each turn."""
     from .app import create_app
     from .common import Served
     from .engine import Engine
 
     engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
     served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
-                    idle_timeout_s)
+                    idle_timeout_s, vad=vad)
     return create_app(served), engine
 
 
@@ -93,10 +119,13 @@ def _run(args) -> None:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
     models = load_models(args.model, args.quantize)
+    vad = None if args.no_vad else load_server_vad(args.vad)
     app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
                            max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
                            max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
-                           batch=not args.no_batch)
+                           batch=not args.no_batch, vad=vad)
+    shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
+    log(f"the page: http://{shown}:{args.port}/")
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
@@ -108,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(_run, args)
 
 
-__all__ = ["build_parser", "load_models", "main", "make_app"]
+__all__ = ["build_parser", "load_models", "load_server_vad", "main", "make_app"]

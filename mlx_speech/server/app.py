@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 
 from ..errors import MlxSpeechError
-from .common import AsyncSink, ModelNotFound, Served, TextDeltas
+from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
+from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -47,6 +48,23 @@ def _loopback_origin(origin: str) -> bool:
     return u.scheme in ("http", "https") and (host in ("localhost", "127.0.0.1", "::1"))
 
 
+def _own_page(origin: str, host: str) -> bool:
+    """A page this server served, reached by IP or localhost (the browser page at /): its
+    origin is the request's own host. A host *name* could be DNS-rebound to us, so only IP
+    literals and localhost count."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(origin)
+        name = u.hostname or ""
+        if name != "localhost":
+            ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and u.netloc.lower() == host.lower()
+
+
 class Guard:
     """Pure ASGI middleware: the API key on HTTP and on the WebSocket handshake, the
     WebSocket Origin allowlist (Starlette's CORS does not cover WebSockets), and the
@@ -67,13 +85,15 @@ class Guard:
         if got is None and scope["type"] == "websocket":  # browsers cannot set headers
             for p in headers.get("sec-websocket-protocol", "").split(","):
                 p = p.strip()
-                if p.startswith("openai-insecure-api-key."):
-                    got = p[len("openai-insecure-api-key."):]
+                if p.startswith(KEY_SUBPROTOCOL):
+                    got = p[len(KEY_SUBPROTOCOL):]
         return got is not None and hmac.compare_digest(got.encode(), key.encode())
 
     def origin_ok(self, headers: dict[str, str]) -> bool:
         origin = headers.get("origin")
         if origin is None:  # not a browser
+            return True
+        if _own_page(origin, headers.get("host", "")):
             return True
         allowed = self.served.allowed_origins
         return origin in allowed if allowed else _loopback_origin(origin)
@@ -83,7 +103,7 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
-        open_path = scope["path"] in ("/health",)
+        open_path = scope["path"] in ("/health", "/") or scope["path"].startswith("/web/")
         if scope["type"] == "websocket":
             if not self.key_ok(headers, scope) or not self.origin_ok(headers):
                 await receive()  # websocket.connect
@@ -163,7 +183,7 @@ def create_app(served: Served) -> FastAPI:
     async def list_models():
         return {"object": "list", "data": [
             {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
-             "kind": served.kind(m)} for m in served.models]}
+             "kind": served.kind(m), **served.details(m)} for m in served.models]}
 
     def need_engine():
         if not served.engine.healthy:
@@ -206,12 +226,16 @@ def create_app(served: Served) -> FastAPI:
         s.end()
         seconds = len(audio) / model.sample_rate
         if stream:
-            return StreamingResponse(_sse_transcript(q, s, seconds), media_type="text/event-stream")
+            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans),
+                                     media_type="text/event-stream")
         try:
             result = await _await_done(q)
         finally:
             s.close()
-        return _transcript_response(fmt, result, seconds, "word" in grans)
+        breaks = ()
+        if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
+            breaks = await _pause_breaks(served, audio, model.sample_rate)
+        return _transcript_response(fmt, result, seconds, "word" in grans, breaks)
 
     # -- POST /v1/audio/speech -------------------------------------------------------
     @app.post("/v1/audio/speech")
@@ -250,10 +274,12 @@ def create_app(served: Served) -> FastAPI:
         max_frames = body.get("max_frames")
         if max_frames is not None and (not isinstance(max_frames, int) or max_frames <= 0):
             raise _http_error(400, "max_frames must be a positive integer", param="max_frames")
-        # pcm, wav and opus stream as frames are decoded (the first audio after 4 frames);
-        # mp3 and flac need the whole clip: made with generate()'s chunking, same samples
+        # pcm, wav and opus stream as frames are decoded, every 4 frames (320 ms): a player
+        # starting on the first chunk never waits, where generation is faster than real time,
+        # for a bigger one (4 then 16 frames needed 4x real time at the first join); mp3 and
+        # flac need the whole clip: made with generate()'s chunking, same samples
         streaming = stream_format == "sse" or fmt in ("pcm", "wav", "opus")
-        chunking = ({"first_frames": 4, "chunk_frames": 16} if streaming
+        chunking = ({"first_frames": 4, "chunk_frames": 4} if streaming
                     else {"first_frames": 128, "chunk_frames": 128})
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
@@ -285,10 +311,12 @@ def create_app(served: Served) -> FastAPI:
                         headers=headers)
 
     from .kyutai import add_routes as add_kyutai
+    from .page import add_routes as add_page
     from .realtime import add_routes as add_realtime
 
     add_realtime(app, served)
     add_kyutai(app, served)
+    add_page(app)
     app.add_middleware(Guard, served=served)
     if served.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
@@ -344,7 +372,9 @@ def _sse_error(ev) -> str:
     return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
 
 
-async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
+async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False):
+    """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
+    for (an extension: OpenAI's streaming has none) the done event also carries `words`."""
     text = TextDeltas()
     try:
         while True:
@@ -356,8 +386,11 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
                 result = ev[2]
                 if d := text.final(result.text):
                     yield _sse({"type": "transcript.text.delta", "delta": d})
-                yield _sse({"type": "transcript.text.done", "text": result.text,
-                            "usage": {"type": "duration", "seconds": round(seconds, 3)}})
+                done = {"type": "transcript.text.done", "text": result.text,
+                        "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+                if words:
+                    done["words"] = _words(result)
+                yield _sse(done)
                 yield "data: [DONE]\n\n"
                 return
             else:
@@ -367,13 +400,38 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float):
         s.close()
 
 
-def _transcript_response(fmt: str, result, seconds: float, words: bool):
+async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
+    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as a job
+    advanced one 16 s piece per tick (live streams step in between); its last chunk is the
+    breaks."""
+    from types import SimpleNamespace
+
+    from ..transcribe import pause_break_steps
+
+    if rate != 16000:
+        return []
+    q: asyncio.Queue = asyncio.Queue()
+    served.engine.open_speech(
+        lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
+        AsyncSink(q, asyncio.get_running_loop()))
+    breaks = []
+    while True:
+        ev = await q.get()
+        if ev[0] == "audio":
+            breaks = ev[1]
+        elif ev[0] == "done":
+            return breaks or []
+        else:
+            raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+
+
+def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=()):
     from ..transcribe import segments_from_words
     from ..writers import format_srt, format_vtt
 
     if fmt == "text":
         return PlainTextResponse(result.text + "\n")
-    segments = segments_from_words(result.words)
+    segments = segments_from_words(result.words, breaks=breaks)
     if fmt == "srt":
         return PlainTextResponse(format_srt(segments))
     if fmt == "vtt":
@@ -389,9 +447,13 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool):
         "usage": {"type": "duration", "seconds": round(seconds, 3)},
     }
     if words:
-        out["words"] = [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
-                        for w in result.words]
+        out["words"] = _words(result)
     return out
+
+
+def _words(result) -> list[dict]:
+    return [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+            for w in result.words]
 
 
 def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:
@@ -405,10 +467,6 @@ def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:
         path = Path(d) / f"speech.{fmt}"
         write_audio(path, samples, sr, fmt)
         return path.read_bytes()
-
-
-def _pcm16(x: np.ndarray) -> bytes:
-    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def _wav_header(sr: int) -> bytes:

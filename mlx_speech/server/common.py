@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .engine import Engine
 
 KINDS = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duplex"}
@@ -40,9 +42,21 @@ class Served:
     max_upload_bytes: int = 200 * 1024 * 1024
     idle_timeout_s: float = 300.0
     created: int = 0
+    vad: object | None = None  # a loaded Silero VAD: server_vad / semantic_vad turn detection
 
     def kind(self, model_id: str) -> str:
         return model_kind(self.models[model_id])
+
+    def details(self, model_id: str) -> dict:
+        """What a client needs beyond the kind: the sample rate, the voices (TTS, PersonaPlex),
+        the duplex family (kyutai or personaplex)."""
+        m = self.models[model_id]
+        out = {"sample_rate": m.sample_rate}
+        if self.kind(model_id) != "asr":
+            out["voices"] = list(m.voices)
+        if self.kind(model_id) == "duplex":
+            out["family"] = m.family
+        return out
 
     def find(self, name: str | None, kind: str) -> tuple[str, object]:
         """The served model called `name` (None: the only one of `kind`)."""
@@ -61,6 +75,20 @@ class Served:
             raise ModelNotFound(f"model {name!r} is a {KINDS[self.kind(name)]} model, not "
                                 f"{KINDS[kind]} (those served: {', '.join(ids) or 'none'})")
         return name, self.models[name]
+
+
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+def answer_subprotocol(ws) -> str | None:
+    """The subprotocol a WebSocket handshake must name back: browsers fail a handshake whose
+    answer names none of the subprotocols they offered (and browsers can only send the API key
+    as one). The first offered one that is not the key, else the key's own."""
+    offered = list(ws.scope.get("subprotocols") or [])
+    for p in offered:
+        if not p.startswith(KEY_SUBPROTOCOL):
+            return p
+    return offered[0] if offered else None
 
 
 class AsyncSink:
@@ -96,6 +124,11 @@ class TextDeltas:
         delta = text[len(self.sent):] if text.startswith(self.sent) else ""
         self.sent += delta
         return delta
+
+
+def pcm16_bytes(x: np.ndarray) -> bytes:
+    """float32 [-1, 1] -> 16-bit little-endian PCM bytes (x 32767, rounded)."""
+    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def usage(result, seconds: float) -> dict:

@@ -115,8 +115,8 @@ class AsrStream(_Stream):
 
 
 class DuplexStream(_Stream):
-    """A Moshi/PersonaPlex conversation: `frame_size` samples in per step; ("audio", pcm)
-    and ("text", text) events per step."""
+    """A Moshi/PersonaPlex conversation: `frame_size` samples in per step; per step a
+    ("text", text) event when there is new text, then ("audio", pcm)."""
 
     def __init__(self, engine: Engine, owner, make_session, sink: Sink, max_samples: int):
         super().__init__(engine, sink, max_samples)
@@ -194,6 +194,16 @@ class Engine:
         n = int(self.max_buffer_s * owner.sample_rate)
         return self._adopt(DuplexStream(self, owner, make_session, sink, n))
 
+    def open_turns(self, vad, owner, make_session: Callable, sink: Sink, item_sink: Callable,
+                   config, new_item: Callable[[], str]):
+        """A live stream cut into turns by `vad` (see server/turns.py): each turn is its own
+        transcription stream, opened on the engine thread, its events to `item_sink(item)`."""
+        from .turns import TurnStream
+
+        n = int(self.max_buffer_s * 16000)
+        return self._adopt(TurnStream(self, vad, owner, make_session, sink, item_sink, config,
+                                      new_item, n))
+
     def open_speech(self, make: Callable[[], Iterator], sink: Sink) -> SpeechJob:
         return self._adopt(SpeechJob(make, sink))
 
@@ -234,6 +244,11 @@ class Engine:
                     s.emit(("ready",))
             self._streams.append(s)
         self._streams = [s for s in self._streams if not (s.closed or s.finished)]
+        turns = [s for s in self._streams if getattr(s, "cuts_turns", False)]
+        if turns:  # VAD first: it opens, feeds and ends turns' AsrStreams for this tick
+            from .turns import step_turns
+
+            busy |= step_turns(self, turns, MAX_FEED_S)
         asr = [s for s in self._streams if isinstance(s, AsrStream)]
         busy |= self._feed_asr(asr)
         busy |= self._finish_asr(asr)
@@ -299,9 +314,9 @@ class Engine:
             log.exception("duplex step failed")
             s.fail("processing_error", f"model step failed: {e}")
             return True
-        s.emit(("audio", pcm))
-        if text:
+        if text:  # before the frame's audio: a client that has the audio has its text too
             s.emit(("text", text))
+        s.emit(("audio", pcm))
         return True
 
     def _step_speech(self, job: SpeechJob) -> bool:

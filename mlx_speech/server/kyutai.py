@@ -3,9 +3,11 @@
 Every WebSocket message is binary: a kind byte, then the payload. 0x00 handshake (sent by
 the server once the session is ready), 0x01 Ogg/Opus audio at the model's rate (24 kHz) both
 ways, 0x02 utf-8 text (server to client), 0x05 error (utf-8 message). Query parameters:
-`model`, `voice` (or `voice_prompt`), `role` (or `text_prompt`), `seed`. Conversations are
-stepped one 80 ms frame per engine tick each, on the engine thread, so several can run at
-once (Kyutai's own servers take one at a time).
+`model`, `voice` (or `voice_prompt`), `role` (or `text_prompt`), `seed`, and `format`: `opus`
+(default, Kyutai's clients) or `pcm`, where 0x01 payloads are raw 16-bit little-endian mono
+PCM at the model's rate both ways (what the browser page speaks: no codec in the page).
+Conversations are stepped one 80 ms frame per engine tick each, on the engine thread, so
+several can run at once (Kyutai's own servers take one at a time).
 """
 
 from __future__ import annotations
@@ -17,16 +19,28 @@ import numpy as np
 from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from .common import AsyncSink, ModelNotFound, Served
+from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
 from .engine import BufferFull
 
 HANDSHAKE, AUDIO, TEXT, ERROR = b"\x00", b"\x01", b"\x02", b"\x05"
 
 
+class _Pcm16:
+    """The `format=pcm` codec: 16-bit little-endian mono both ways (same API as sphn's)."""
+
+    def append_bytes(self, data: bytes) -> np.ndarray:
+        if len(data) % 2:
+            raise ValueError("pcm audio must have an even number of bytes")
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+
+    def append_pcm(self, x: np.ndarray) -> bytes:
+        return pcm16_bytes(x)
+
+
 def add_routes(app: FastAPI, served: Served) -> None:
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket):
-        await ws.accept()
+        await ws.accept(subprotocol=answer_subprotocol(ws))
         qp = ws.query_params
         try:
             _, model = served.find(qp.get("model"), "duplex")
@@ -38,12 +52,19 @@ def add_routes(app: FastAPI, served: Served) -> None:
             await ws.send_bytes(ERROR + b"the engine is not running")
             await ws.close()
             return
-        try:
-            import sphn
-        except ImportError:
-            await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus")
+        fmt = qp.get("format") or "opus"
+        if fmt not in ("opus", "pcm"):
+            await ws.send_bytes(ERROR + b"format must be opus or pcm")
             await ws.close()
             return
+        if fmt == "opus":
+            try:
+                import sphn
+            except ImportError:
+                await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus: "
+                                    b"pip install 'mlx-speech[server]'")
+                await ws.close()
+                return
         kwargs = {}
         voice = qp.get("voice") or qp.get("voice_prompt")
         role = qp.get("role") or qp.get("text_prompt")
@@ -62,8 +83,11 @@ def add_routes(app: FastAPI, served: Served) -> None:
         q: asyncio.Queue = asyncio.Queue()
         s = served.engine.open_duplex(model, lambda: model.session(**kwargs),
                                       AsyncSink(q, loop))
-        reader = sphn.OpusStreamReader(model.sample_rate)
-        writer = sphn.OpusStreamWriter(model.sample_rate)
+        if fmt == "opus":
+            reader = sphn.OpusStreamReader(model.sample_rate)
+            writer = sphn.OpusStreamWriter(model.sample_rate)
+        else:
+            reader = writer = _Pcm16()
         ready = asyncio.Event()
 
         async def send_loop():
@@ -103,7 +127,11 @@ def add_routes(app: FastAPI, served: Served) -> None:
                 if not data:
                     continue
                 if data[:1] == AUDIO:
-                    pcm = reader.append_bytes(data[1:])
+                    try:
+                        pcm = reader.append_bytes(data[1:])
+                    except ValueError as e:
+                        await ws.send_bytes(ERROR + str(e).encode())
+                        continue
                     if len(pcm):
                         try:
                             s.push(np.asarray(pcm, np.float32))

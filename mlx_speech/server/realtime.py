@@ -29,7 +29,7 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
-from .common import AsyncSink, ModelNotFound, Served, TextDeltas, usage
+from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
 
 VLLM_RATE = 16000
@@ -82,7 +82,7 @@ class _Connection:
                 await self.ws.send_text(json.dumps(out))
 
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=answer_subprotocol(self.ws))
         writer = asyncio.create_task(self.writer())
         try:
             self.hello()
@@ -240,15 +240,39 @@ class VllmConnection(_Connection):
         return []
 
 
+# OpenAI's `transcription.delay` -> each model family's own streaming delay
+VOXTRAL_DELAY_MS = {"minimal": 80, "low": 240, "medium": 480, "high": 960, "xhigh": 2400}
+NEMOTRON_LATENCY_MS = {"minimal": 80, "low": 160, "medium": 560, "high": 1120, "xhigh": 1120}
+NO_VAD = ("server-side turn detection needs the Silero VAD weights: `pip install --no-deps "
+          "silero-vad` and restart the server (or start it with --vad PATH); until then send "
+          "turn_detection: null and commit each turn")
+
+
+def _ms(samples: int) -> int:
+    return int(round(samples / 16.0))  # turn positions count 16 kHz samples
+
+
 class OpenAIConnection(_Connection):
+    """OpenAI's GA transcription dialect. With `turn_detection: null` (the default) the client
+    commits each turn: a stream opens at the first append and ends at the commit, its deltas
+    sent as they are decoded. With `server_vad` / `semantic_vad` the server's VAD cuts turns
+    (server/turns.py): speech_started, speech_stopped, committed, conversation.item.added,
+    then the item's deltas and completed, in OpenAI's order (deltas decoded before the commit
+    are held until it)."""
+
     def __init__(self, ws, served):
         super().__init__(ws, served)
         self.rate = OPENAI_RATE
-        self.item: str | None = None  # the turn being appended to
+        self.item: str | None = None  # the turn being appended to (turn_detection null)
         self.prev: str | None = None
         self.resampler: StreamingResampler | None = None
         self.session_id = f"sess_{secrets.token_hex(12)}"
         self.bad_model: str | None = None
+        self.delay: str | None = None
+        self.turn_config = None  # a TurnConfig: the server cuts turns
+        self.turns = None  # the TurnStream, once audio came in VAD mode
+        self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
+        self.legacy = False
         try:  # ?model=..., else the only ASR model when there is one
             self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
@@ -259,11 +283,18 @@ class OpenAIConnection(_Connection):
         return f"event_{secrets.token_hex(8)}"
 
     def session_object(self) -> dict:
+        tr = {"model": self.model_id}
+        if self.delay is not None:
+            tr["delay"] = self.delay
+        td = self.turn_config.to_openai() if self.turn_config is not None else None
+        if self.legacy:
+            return {"id": self.session_id, "object": "realtime.transcription_session",
+                    "input_audio_format": "pcm16", "input_audio_transcription": tr,
+                    "turn_detection": td}
         return {"type": "transcription", "id": self.session_id,
                 "object": "realtime.transcription_session",
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
-                                    "transcription": {"model": self.model_id},
-                                    "turn_detection": None}}}
+                                    "transcription": tr, "turn_detection": td}}}
 
     def hello(self) -> None:
         self.send({"type": "session.created", "event_id": self._event_id(),
@@ -271,15 +302,20 @@ class OpenAIConnection(_Connection):
         if self.bad_model:
             self.error("model_not_found", self.bad_model)
 
-    def error(self, code: str, message: str, event_id: str | None = None) -> None:
-        self.send({"type": "error", "event_id": self._event_id(),
-                   "error": {"type": "invalid_request_error", "code": code, "message": message,
-                             "param": None, "event_id": event_id}})
+    def error(self, code: str, message: str, event_id: str | None = None,
+              param: str | None = None) -> None:
+        self.send(self.error_event(code, message, event_id, param))
+
+    def error_event(self, code: str, message: str, event_id: str | None = None,
+                    param: str | None = None) -> dict:
+        return {"type": "error", "event_id": self._event_id(),
+                "error": {"type": "invalid_request_error", "code": code, "message": message,
+                          "param": param, "event_id": event_id}}
 
     async def handle(self, event: dict) -> None:
         t, eid = event.get("type"), event.get("event_id")
         if t in ("session.update", "transcription_session.update"):
-            self.update(event.get("session"), eid)
+            self.update(event.get("session"), eid, legacy=t == "transcription_session.update")
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -288,6 +324,12 @@ class OpenAIConnection(_Connection):
                 return
             self.append(x, eid)
         elif t == "input_audio_buffer.commit":
+            if self.turn_config is not None:
+                if self.turns is None:
+                    self.error("input_audio_buffer_commit_empty", "no audio appended", eid)
+                else:
+                    self.turns.control("commit", eid)
+                return
             if self.item is None:
                 self.error("input_audio_buffer_commit_empty", "no audio appended since the "
                            "last commit", eid)
@@ -298,10 +340,17 @@ class OpenAIConnection(_Connection):
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
             s.end()
-            self.send({"type": "input_audio_buffer.committed", "event_id": self._event_id(),
-                       "previous_item_id": self.prev, "item_id": item})
-            self.prev, self.item, self.resampler = item, None, None
+            for e in self.committed(item):
+                self.send(e)
+            self.item, self.resampler = None, None
         elif t == "input_audio_buffer.clear":
+            if self.turn_config is not None:
+                if self.turns is None:
+                    self.send({"type": "input_audio_buffer.cleared",
+                               "event_id": self._event_id()})
+                else:
+                    self.turns.control("clear", eid)
+                return
             if self.item is not None:
                 self.streams.pop(self.item).close()
                 self.item, self.resampler = None, None
@@ -309,7 +358,21 @@ class OpenAIConnection(_Connection):
         else:
             self.error("unknown_event", f"unknown event type {t!r}", eid)
 
-    def update(self, session, eid) -> None:
+    def committed(self, item: str) -> list[dict]:
+        """input_audio_buffer.committed, then conversation.item.added for the user item."""
+        out = [{"type": "input_audio_buffer.committed", "event_id": self._event_id(),
+                "previous_item_id": self.prev, "item_id": item},
+               {"type": "conversation.item.added", "event_id": self._event_id(),
+                "previous_item_id": self.prev,
+                "item": {"id": item, "type": "message", "object": "realtime.item",
+                         "status": "completed", "role": "user",
+                         "content": [{"type": "input_audio", "transcript": None}]}}]
+        self.prev = item
+        return out
+
+    def update(self, session, eid, legacy: bool = False) -> None:
+        from ..audio.turns import TurnConfig
+
         if not isinstance(session, dict):
             self.error("invalid_value", "session.update needs a 'session' object", eid)
             return
@@ -317,8 +380,20 @@ class OpenAIConnection(_Connection):
             self.error("invalid_value", "this server serves transcription sessions only "
                        "(session.type 'transcription')", eid)
             return
-        inp = (session.get("audio") or {}).get("input") or {}
+        if legacy or "input_audio_transcription" in session or "input_audio_format" in session:
+            # the beta transcription_session shape
+            self.legacy = legacy
+            fmt = session.get("input_audio_format")
+            if fmt not in (None, "pcm16"):
+                self.error("invalid_value", "only pcm16 input is supported", eid)
+                return
+            inp = {"transcription": session.get("input_audio_transcription") or {}}
+            if "turn_detection" in session:
+                inp["turn_detection"] = session["turn_detection"]
+        else:
+            inp = (session.get("audio") or {}).get("input") or {}
         fmt = inp.get("format") or {}
+        rate = self.rate
         if fmt:
             if fmt.get("type", "audio/pcm") != "audio/pcm":
                 self.error("invalid_value", "only audio/pcm input is supported", eid)
@@ -327,33 +402,93 @@ class OpenAIConnection(_Connection):
             if not isinstance(rate, int) or rate <= 0:
                 self.error("invalid_value", f"bad sample rate {rate!r}", eid)
                 return
-            if self.item is not None and rate != self.rate:
-                self.error("invalid_value", "cannot change the rate within a turn", eid)
+            if rate != self.rate and (self.item is not None or self.turns is not None):
+                self.error("invalid_value", "cannot change the rate once audio was appended",
+                           eid)
                 return
-            self.rate = rate
-        if (inp.get("turn_detection") or {}).get("type"):
-            self.error("invalid_value", "turn detection is not supported; commit each turn "
-                       "(turn_detection: null)", eid)
+        turn = self.turn_config
+        if "turn_detection" in inp:  # omitted: unchanged (null at first, as OpenAI's)
+            td = inp["turn_detection"]
+            try:
+                turn = None if td is None else TurnConfig.from_openai(td)
+            except ValueError as e:
+                self.error("invalid_value", str(e), eid, "session.audio.input.turn_detection")
+                return
+            if turn is not None and self.served.vad is None:
+                self.error("invalid_value", NO_VAD, eid, "session.audio.input.turn_detection")
+                return
+            if turn is not None and self.item is not None:
+                self.error("invalid_value", "commit or clear the audio appended so far before "
+                           "turning turn detection on", eid)
+                return
+        tr = inp.get("transcription") or {}
+        delay = tr.get("delay", self.delay)
+        if delay is not None and delay not in VOXTRAL_DELAY_MS:
+            self.error("invalid_value", f"transcription.delay must be one of "
+                       f"{', '.join(VOXTRAL_DELAY_MS)}, got {delay!r}", eid)
             return
-        name = (inp.get("transcription") or {}).get("model")
+        model_id, model = self.model_id, self.model
+        name = tr.get("model")
         if name is not None:
             try:
-                self.model_id, self.model = self.served.find(name, "asr")
+                model_id, model = self.served.find(name, "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), eid)
                 return
-        self.send({"type": "session.updated", "event_id": self._event_id(),
-                   "session": self.session_object()})
+        if self.turns is not None and (model is not self.model or delay != self.delay):
+            self.error("invalid_value", "the model and delay are fixed once audio was appended "
+                       "with turn detection on", eid)
+            return
+        self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
+        if self.turns is not None:
+            if turn is None:  # back to client commits: the uncommitted turn is dropped
+                self.turns.close()
+                self.streams.pop("turns", None)
+                self.turns = self.resampler = None
+            elif turn != self.turn_config:
+                self.turns.control("config", turn)
+        self.turn_config = turn
+        self.send({"type": "transcription_session.updated" if legacy else "session.updated",
+                   "event_id": self._event_id(), "session": self.session_object()})
+
+    def make_session(self):
+        """The ASR session factory for this connection's model and delay (engine thread)."""
+        import inspect
+
+        model, delay = self.model, self.delay
+        if delay is None:
+            return model.session
+        params = inspect.signature(model.session).parameters
+        kw = ({"delay_ms": VOXTRAL_DELAY_MS[delay]} if "delay_ms" in params
+              else {"latency_ms": NEMOTRON_LATENCY_MS[delay]})
+        return lambda: model.session(**kw)
 
     def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:
             self.error("model_not_validated", "name a served transcription model in "
                        "session.update (session.audio.input.transcription.model)", eid)
             return
+        if self.turn_config is not None:
+            if self.turns is None:
+                self.resampler = StreamingResampler(self.rate, 16000)
+                self.turns = self.engine.open_turns(
+                    self.served.vad, self.model, self.make_session(),
+                    AsyncSink(self.out, self.loop, "turns"),
+                    lambda item: AsyncSink(self.out, self.loop, item), self.turn_config,
+                    lambda: f"item_{secrets.token_hex(8)}")
+                self.streams["turns"] = self.turns
+            try:
+                self.turns.push(self.resampler.feed(x))
+            except BufferFull as e:
+                self.error("buffer_full", f"{e}; this chunk was not taken", eid)
+            return
         if self.item is None:
             self.item = f"item_{secrets.token_hex(8)}"
             self.resampler = StreamingResampler(self.rate, self.model.sample_rate)
-            self.open_stream(self.item)
+            s = self.engine.open_asr(self.model, self.make_session(),
+                                     AsyncSink(self.out, self.loop, self.item))
+            self.streams[self.item] = s
+            self.texts[self.item] = TextDeltas()
         # resample first (its state must see every sample), then queue
         y = self.resampler.feed(x)
         try:
@@ -361,16 +496,54 @@ class OpenAIConnection(_Connection):
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken", eid)
 
+    def turn_event(self, ev) -> list[dict]:
+        """The VAD's events (from the engine thread, in order) as OpenAI's. Returned, not
+        queued: they must go out before anything queued behind them (the item's text)."""
+        kind = ev[0]
+        base = {"event_id": self._event_id()}
+        if kind == "started":
+            self.texts[ev[1]] = TextDeltas()
+            self.held[ev[1]] = []
+            return [{"type": "input_audio_buffer.speech_started", **base, "item_id": ev[1],
+                     "audio_start_ms": _ms(ev[2])}]
+        if kind in ("stopped", "committed", "timeout"):
+            item, out = ev[1], []
+            if kind == "stopped":
+                out.append({"type": "input_audio_buffer.speech_stopped", **base,
+                            "item_id": item, "audio_end_ms": _ms(ev[2])})
+            elif kind == "timeout":
+                self.texts[item] = TextDeltas()
+                out.append({"type": "input_audio_buffer.timeout_triggered", **base,
+                            "item_id": item, "audio_start_ms": _ms(ev[2]),
+                            "audio_end_ms": _ms(ev[3])})
+            return out + self.committed(item) + self.held.pop(item, [])
+        if kind == "commit_empty":
+            return [self.error_event("input_audio_buffer_commit_empty", "no speech in the "
+                                     "buffer since the last turn", ev[1])]
+        if kind == "cleared":
+            for item in [i for i in self.held]:  # the uncommitted turn is gone
+                self.held.pop(item)
+                self.texts.pop(item, None)
+            return [{"type": "input_audio_buffer.cleared", **base}]
+        if kind == "error":
+            return [{"type": "error", **base, "error": {
+                "type": "server_error", "code": ev[1], "message": ev[2], "param": None,
+                "event_id": None}}]
+        return []
+
     def engine_event(self, item: str, ev) -> list[dict]:
+        if item == "turns":
+            return self.turn_event(ev)
         text = self.texts.get(item)
         base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
+        out = []
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
-            return ([{"type": "conversation.item.input_audio_transcription.delta", **base,
-                      "delta": d}] if d else [])
-        if ev[0] == "done" and text is not None:
+            if d:
+                out = [{"type": "conversation.item.input_audio_transcription.delta", **base,
+                        "delta": d}]
+        elif ev[0] == "done" and text is not None:
             result = ev[2]
-            out = []
             if d := text.final(result.text):
                 out.append({"type": "conversation.item.input_audio_transcription.delta",
                             **base, "delta": d})
@@ -381,15 +554,18 @@ class OpenAIConnection(_Connection):
                                   "output_tokens": u["completion_tokens"],
                                   "total_tokens": u["total_tokens"]}})
             self.stream_done(item)
-            return out
-        if ev[0] == "error":
+        elif ev[0] == "error":
             self.stream_done(item)
+            self.held.pop(item, None)
             if self.item == item:
                 self.item, self.resampler = None, None
             return [{"type": "error", "event_id": self._event_id(),
                      "error": {"type": "server_error", "code": ev[1], "message": ev[2],
                                "param": None, "event_id": None}}]
-        return []
+        if item in self.held:  # a VAD turn not committed yet: in OpenAI's order, later
+            self.held[item] += out
+            return []
+        return out
 
 
 def add_routes(app: FastAPI, served: Served) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...text.spm import StreamingDecoder
 from .. import asr
-from ..asr import Word, group_words
+from ..asr import Word, drain_cut, group_words
 from .config import FRAME_MS
 from .features import StreamingNemoLogMel
 
@@ -45,7 +45,7 @@ class Session:
         self.mel = StreamingNemoLogMel(owner.features)
         self.enc_state = self.model.encoder.make_state(self.right_context)
         self.dec_state = self.model.make_decoder_state()
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # since the last drain()
         self.frames: list[int] = []
         self.n_frames = 0  # encoder frames decoded so far
         self.finished = False
@@ -65,7 +65,21 @@ class Session:
         return self.mel.n_samples / self.owner.sample_rate
 
     def result(self) -> Transcript:
+        """Everything decoded (since the last `drain`): text, ids, words, token times."""
         tk = self.owner.tokenizer
         return Transcript(tk.decode(self.token_ids), list(self.token_ids),
                           words_from_tokens(self.token_ids, self.frames, tk),
                           [f * FRAME_MS / 1000 for f in self.frames], list(self.frames))
+
+    def drain(self) -> Transcript:
+        """The transcript decoded so far, then forgotten, so a session that runs for days
+        holds constant memory: every token before the last word, which may still grow (its
+        tokens stay for the next drain or `result`). Texts are the pieces' bytes, unstripped,
+        so drained texts join without losing the spaces between words."""
+        tk = self.owner.tokenizer
+        cut = drain_cut(self.token_ids, tk.token_bytes)
+        ids, frames = self.token_ids[:cut], self.frames[:cut]
+        del self.token_ids[:cut], self.frames[:cut]
+        text = b"".join(tk.token_bytes(t) for t in ids).decode("utf-8", "replace")
+        return Transcript(text, ids, words_from_tokens(ids, frames, tk),
+                          [f * FRAME_MS / 1000 for f in frames], frames)

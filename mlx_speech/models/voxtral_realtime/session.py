@@ -10,7 +10,7 @@ import numpy as np
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
-from ..asr import Transcript, Word, group_words
+from ..asr import Transcript, Word, drain_cut, group_words
 from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ class Session:
         # generated token not yet read into token_ids
         self._last: tuple[mx.array, int] | None = None
         self._unread: tuple[mx.array, int] | None = None
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # since the last drain()
+        self._drained = 0  # tokens drain() released
         self.n_samples = 0
         self.finished = self.done = False
         self._detok = StreamingDetokenizer(tk)
@@ -149,14 +150,31 @@ class Session:
         return self.n_samples / self.owner.config.audio.sample_rate
 
     def result(self) -> Transcript:
-        text = self.tokenizer.decode(self.token_ids).strip()
-        return Transcript(text, list(self.token_ids),
-                          words_from_tokens(self.token_ids, self.tokenizer, self.word),
-                          [k * FRAME_MS / 1000 for k in range(len(self.token_ids))])
+        """Everything decoded (since the last `drain`): text, ids, words, token times."""
+        return self._transcript(self.token_ids, self._drained, strip=True)
+
+    def drain(self) -> Transcript:
+        """The transcript decoded so far, then forgotten, so a session that runs for days
+        holds constant memory: every token before the last word, which may still grow (its
+        tokens stay for the next drain or `result`). Times stay session-absolute; texts are
+        not stripped, so the drained texts and the last result's joined are the whole."""
+        cut = drain_cut(self.token_ids, self.tokenizer.token_bytes, lambda t: t == self.word)
+        ids, first = self.token_ids[:cut], self._drained
+        del self.token_ids[:cut]
+        self._drained += cut
+        return self._transcript(ids, first, strip=False)
+
+    def _transcript(self, ids: list[int], first: int, strip: bool) -> Transcript:
+        text = self.tokenizer.decode(ids)
+        return Transcript(text.strip() if strip else text, list(ids),
+                          words_from_tokens(ids, self.tokenizer, self.word, first),
+                          [(first + k) * FRAME_MS / 1000 for k in range(len(ids))])
 
 
-def words_from_tokens(ids: list[int], tokenizer, word_id: int) -> list[Word]:
-    """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay)."""
+def words_from_tokens(ids: list[int], tokenizer, word_id: int, first: int = 0) -> list[Word]:
+    """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay); `first`:
+    the session index of ids[0]."""
     sec = FRAME_MS / 1000
     return group_words((tokenizer.token_bytes(t) if not tokenizer.is_special(t) else b"",
-                        k * sec, (k + 1) * sec, t == word_id) for k, t in enumerate(ids))
+                        (first + k) * sec, (first + k + 1) * sec, t == word_id)
+                       for k, t in enumerate(ids))

@@ -1,0 +1,317 @@
+// Speech to text: live microphone transcription over the realtime WebSocket (OpenAI's
+// transcription dialect, at the model's own rate), and file transcription over the REST endpoint.
+
+import { apiFetch, closeReason, openSocket, sseEvents } from "./api.js";
+import { FRAME_S, audioContext, bytesToBase64, floatToPcm16, meterWidth, openMic, rms } from "./audio.js";
+import { clearError, instantiate, saveBlob, seconds, setState, showError, stem } from "./ui.js";
+
+export function createAsr(model) {
+  const { node, el } = instantiate("tpl-asr");
+  liveTranscription(model, el);
+  fileTranscription(model, el);
+  return node;
+}
+
+// ---------------------------------------------------------------- live
+
+function liveTranscription(model, el) {
+  let live = null;
+  el.mic.addEventListener("click", () => (live ? live.stop() : (live = startLive(model, el, () => {
+    live = null;
+  }))));
+  el.clear.addEventListener("click", () => {
+    for (const p of el.live.querySelectorAll("p:not(.partial)")) p.remove();
+    if (!el.live.querySelector("p")) addPlaceholder(el.live);
+  });
+  el.copy.addEventListener("click", () => {
+    const text = [...el.live.querySelectorAll("p.turn")].map((p) => p.textContent).join("\n");
+    navigator.clipboard?.writeText(text);
+  });
+}
+
+function addPlaceholder(box) {
+  const p = document.createElement("p");
+  p.className = "placeholder";
+  p.textContent = "Your words will appear here.";
+  box.append(p);
+}
+
+/** One turn: microphone -> appends -> commit -> the final text. Returns { stop }. */
+function startLive(model, el, onEnd) {
+  clearError(el.error);
+  el.live.querySelector(".placeholder")?.remove();
+  const turn = document.createElement("p");
+  turn.className = "turn partial";
+  el.live.append(turn);
+
+  const rate = model.sample_rate;
+  const ctx = audioContext(rate);
+  const frameSize = Math.round(rate * FRAME_S);
+  let ws = null;
+  let mic = null;
+  let opened = false;
+  let stopping = false;
+  let ended = false;
+  let sent = 0;
+  const early = []; // frames captured before the socket opened
+
+  setState(el.state, "connecting", "connecting");
+  el.mic.textContent = "Stop";
+  el.mic.classList.add("danger");
+
+  const append = (x) => {
+    const pcm = floatToPcm16(x);
+    ws.send(JSON.stringify({
+      type: "input_audio_buffer.append",
+      audio: bytesToBase64(new Uint8Array(pcm.buffer)),
+    }));
+    sent += x.length;
+  };
+
+  function finish(err) {
+    if (ended) return;
+    ended = true;
+    if (err) {
+      showError(el.error, err);
+      setState(el.state, "error", "error");
+    } else {
+      setState(el.state, "idle", "idle");
+    }
+    turn.classList.remove("partial");
+    if (!turn.textContent) {
+      if (err) turn.remove();
+      else turn.classList.add("empty");
+    }
+    el.level.style.width = "0%";
+    el.mic.textContent = "Start microphone";
+    el.mic.classList.remove("danger");
+    el.mic.disabled = false;
+    if (mic) mic.stop().catch(() => {});
+    if (ws && ws.readyState <= WebSocket.OPEN) ws.close(1000);
+    ctx.close();
+    onEnd();
+  }
+
+  function onEvent(ev) {
+    switch (ev.type) {
+      case "conversation.item.input_audio_transcription.delta":
+        turn.append(ev.delta);
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        turn.textContent = ev.transcript;
+        finish();
+        break;
+      case "error":
+        finish(new Error(ev.error.message));
+        break;
+      default: // session.created / session.updated / input_audio_buffer.committed
+    }
+  }
+
+  async function stop() {
+    if (stopping || ended) return;
+    stopping = true;
+    el.mic.disabled = true;
+    setState(el.state, "finishing", "finishing");
+    const rest = mic ? await mic.stop() : new Float32Array(0);
+    mic = null;
+    if (!opened) {
+      early.push(rest); // sent, then committed, once the socket opens
+      return;
+    }
+    if (rest.length) append(rest);
+    commit();
+  }
+
+  function commit() {
+    if (sent === 0) finish();
+    else ws.send(JSON.stringify({ type: "input_audio_buffer.commit" }));
+  }
+
+  (async () => {
+    try {
+      ws = openSocket(`/v1/realtime?intent=transcription&model=${encodeURIComponent(model.id)}`,
+                      "realtime");
+    } catch (e) {
+      finish(e);
+      return;
+    }
+    ws.onopen = () => {
+      opened = true;
+      ws.send(JSON.stringify({
+        type: "session.update",
+        session: {
+          type: "transcription",
+          audio: { input: { format: { type: "audio/pcm", rate: ctx.sampleRate },
+                            transcription: { model: model.id }, turn_detection: null } },
+        },
+      }));
+      for (const x of early.splice(0)) if (x.length) append(x);
+      if (stopping) commit();
+      else if (mic) setState(el.state, "recording", "listening");
+    };
+    ws.onmessage = (m) => onEvent(JSON.parse(m.data));
+    ws.onclose = async (ev) => {
+      if (!ended) finish(new Error(await closeReason(ev, opened)));
+    };
+    try {
+      mic = await openMic(ctx, {
+        frameSize,
+        processing: { echoCancellation: false, noiseSuppression: el.nsup.checked,
+                      autoGainControl: false },
+        onFrame: (x) => {
+          el.level.style.width = meterWidth(rms(x));
+          if (opened && !stopping) append(x);
+          else if (!stopping) early.push(x);
+        },
+      });
+    } catch (e) {
+      finish(e);
+      return;
+    }
+    if (ended) mic.stop();
+    else if (opened && !stopping) setState(el.state, "recording", "listening");
+  })();
+
+  return { stop };
+}
+
+// ---------------------------------------------------------------- file
+
+function fileTranscription(model, el) {
+  let file = null;
+  let result = null; // { text, words }
+  const cache = new Map(); // format -> Blob (srt/vtt asked of the server once per file)
+
+  function choose(f) {
+    if (!f) return;
+    file = f;
+    result = null;
+    cache.clear();
+    el.fname.textContent = `${f.name} (${(f.size / 1e6).toFixed(2)} MB)`;
+    el.go.disabled = false;
+    el.player.src = URL.createObjectURL(f);
+    el.player.hidden = false;
+    el.words.hidden = true;
+    el.downloads.hidden = true;
+    clearError(el.ferror);
+    setState(el.fstate, "idle", "ready");
+  }
+
+  el.file.addEventListener("change", () => choose(el.file.files[0]));
+  el.drop.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    el.drop.classList.add("over");
+  });
+  el.drop.addEventListener("dragleave", () => el.drop.classList.remove("over"));
+  el.drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    el.drop.classList.remove("over");
+    choose(e.dataTransfer.files[0]);
+  });
+
+  function form(format, stream) {
+    const f = new FormData();
+    f.append("file", file, file.name);
+    f.append("model", model.id);
+    f.append("response_format", format);
+    if (stream) f.append("stream", "true");
+    f.append("timestamp_granularities[]", "word");
+    return f;
+  }
+
+  el.go.addEventListener("click", async () => {
+    el.go.disabled = true;
+    clearError(el.ferror);
+    setState(el.fstate, "working", "transcribing");
+    el.progress.hidden = false;
+    el.words.hidden = false;
+    el.downloads.hidden = true;
+    el.words.textContent = "";
+    const streaming = document.createElement("span");
+    streaming.className = "streaming";
+    el.words.append(streaming);
+    const t0 = performance.now();
+    const tick = setInterval(() => {
+      el.elapsed.textContent = seconds((performance.now() - t0) / 1000);
+    }, 200);
+    try {
+      const res = await apiFetch("/v1/audio/transcriptions", { method: "POST", body: form("json", true) });
+      for await (const ev of sseEvents(res)) {
+        if (ev.type === "transcript.text.delta") streaming.append(ev.delta);
+        else if (ev.type === "transcript.text.done") result = { text: ev.text, words: ev.words || [] };
+        else if (ev.type === "error") throw new Error(ev.error.message);
+      }
+      if (!result) throw new Error("the transcription ended early");
+      renderWords(el, result);
+      el.downloads.hidden = false;
+      setState(el.fstate, "idle", "done");
+      el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${result.words.length} words`;
+    } catch (e) {
+      showError(el.ferror, e);
+      setState(el.fstate, "error", "error");
+    } finally {
+      clearInterval(tick);
+      el.progress.hidden = true;
+      el.go.disabled = false;
+    }
+  });
+
+  el.player.addEventListener("timeupdate", () => {
+    const t = el.player.currentTime;
+    for (const w of el.words.querySelectorAll(".word")) {
+      w.classList.toggle("now", +w.dataset.start <= t && t < +w.dataset.end);
+    }
+  });
+
+  async function serverFormat(format, button) {
+    if (!cache.has(format)) {
+      const label = button.textContent;
+      button.disabled = true;
+      button.textContent = "…";
+      try {
+        const res = await apiFetch("/v1/audio/transcriptions", { method: "POST", body: form(format, false) });
+        cache.set(format, await res.blob());
+      } catch (e) {
+        showError(el.ferror, e);
+        return;
+      } finally {
+        button.disabled = false;
+        button.textContent = label;
+      }
+    }
+    saveBlob(cache.get(format), `${stem(file.name)}.${format}`);
+  }
+
+  el["dl-txt"].addEventListener("click", () => {
+    saveBlob(new Blob([result.text + "\n"], { type: "text/plain" }), `${stem(file.name)}.txt`);
+  });
+  el["dl-json"].addEventListener("click", () => {
+    const body = JSON.stringify({ text: result.text, words: result.words }, null, 2);
+    saveBlob(new Blob([body], { type: "application/json" }), `${stem(file.name)}.json`);
+  });
+  el["dl-srt"].addEventListener("click", (e) => serverFormat("srt", e.currentTarget));
+  el["dl-vtt"].addEventListener("click", (e) => serverFormat("vtt", e.currentTarget));
+}
+
+function renderWords(el, result) {
+  el.words.textContent = "";
+  if (!result.words.length) {
+    el.words.textContent = result.text || "(no speech recognised)";
+    return;
+  }
+  result.words.forEach((w, i) => {
+    if (i) el.words.append(" ");
+    const s = document.createElement("span");
+    s.className = "word";
+    s.textContent = w.word;
+    s.dataset.start = w.start;
+    s.dataset.end = w.end;
+    s.title = `${w.start.toFixed(2)}–${w.end.toFixed(2)} s`;
+    s.addEventListener("click", () => {
+      el.player.currentTime = w.start;
+      el.player.play();
+    });
+    el.words.append(s);
+  });
+}
