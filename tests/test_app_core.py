@@ -737,3 +737,27 @@ def test_long_titles_are_cut():
     assert len(menu.title) <= 20 and menu.title.startswith("\u25cf \u2026")
     v = View(Settings(), error="x" * 1000)
     assert len(present(v).items[0].title) <= ITEM_CHARS
+
+
+def test_speech_ended_stops_hands_free_only():
+    from mlx_speech.app.events import SpeechEnded
+
+    app, clock, ev = make_app()
+    sid = hold_to_talk(app, clock) + 1
+    key(app, clock, "dictate", True)
+    advance(app, clock, 0.3)  # held: push-to-talk ignores a detector
+    app.post(SpeechEnded(sid))
+    app.pump()
+    assert app.capture is not None and app.capture.sid == sid
+    key(app, clock, "dictate", False)
+    advance(app, clock, 0.05)
+    key(app, clock, "dictate", True, 0.5)  # a tap: hands-free
+    key(app, clock, "dictate", False, 0.05)
+    advance(app, clock, 0.05)
+    sid = app.capture.sid
+    app.post(SpeechEnded(sid - 1))  # a stale one
+    app.pump()
+    assert app.capture is not None
+    app.post(SpeechEnded(sid))
+    app.pump()
+    assert app.capture is None and ("finish", sid) in app.engine.calls

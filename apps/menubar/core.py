@@ -46,6 +46,7 @@ from .events import (
     SpeakDone,
     SpeakFailed,
     SpeakStarted,
+    SpeechEnded,
 )
 from .gestures import DOUBLE_TAP, HOLD, PRESS, RELEASE, TAP, GestureConfig, Gestures
 from .ports import (
@@ -322,6 +323,10 @@ class App:
             self._action(ev.id)
         elif isinstance(ev, PermissionChanged):
             self._refresh_permissions()
+        elif isinstance(ev, SpeechEnded):
+            c = self.capture
+            if c is not None and c.sid == ev.sid and c.mode == "toggle":
+                self._stop_capture()
         elif isinstance(ev, Quit):
             if not self.quitting:
                 self.quitting, self._quit_by = True, self.clock() + QUIT_WAIT_S

@@ -36,6 +36,14 @@ class PermissionChanged:
 
 
 @dataclass(frozen=True)
+class SpeechEnded:
+    """A voice activity detector heard the speaker stop in dictation `sid`: a hands-free
+    dictation ends as if its hotkey was tapped (push-to-talk ignores it)."""
+
+    sid: int
+
+
+@dataclass(frozen=True)
 class Level:
     """One microphone block arrived for dictation `sid` (posted by the capture thread)."""
 
