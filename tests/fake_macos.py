@@ -566,6 +566,15 @@ class _Button:
         rec("AppKit.NSStatusBarButton.setImage_")
 
 
+def _accessors(cls_name: str, name: str):
+    """`setName_(v)` (recorded) and `name()` over the attribute `_name`."""
+    def setter(self, v):
+        rec(f"AppKit.{cls_name}.set{name[0].upper()}{name[1:]}_")
+        setattr(self, "_" + name, v)
+
+    return setter, lambda self: getattr(self, "_" + name)
+
+
 class _StatusItem:
     def __init__(self):
         self._button, self._menu = _Button(), None
@@ -574,12 +583,7 @@ class _StatusItem:
         rec("AppKit.NSStatusItem.button")
         return self._button
 
-    def setMenu_(self, m):
-        rec("AppKit.NSStatusItem.setMenu_")
-        self._menu = m
-
-    def menu(self):
-        return self._menu
+    setMenu_, menu = _accessors("NSStatusItem", "menu")
 
     def setTitle_(self, t):  # the pre-10.10 API rumps still calls
         rec("AppKit.NSStatusItem.setTitle_")
@@ -609,12 +613,7 @@ class _App:
     def activationPolicy(self):
         return WORLD.policy
 
-    def setDelegate_(self, d):
-        rec("AppKit.NSApplication.setDelegate_")
-        self._delegate = d
-
-    def delegate(self):
-        return self._delegate
+    setDelegate_, delegate = _accessors("NSApplication", "delegate")
 
     def activateIgnoringOtherApps_(self, flag):
         rec("AppKit.NSApplication.activateIgnoringOtherApps_")
@@ -863,13 +862,18 @@ class _Tap:
         self.enabled, self.loop, self.valid = False, None, True
 
 
-def _quartz() -> dict:
-    def r(name, fn):
+def _recorded(module: str, fns: dict) -> dict:
+    """Each function wrapped to record `module.name` (and its thread) when called."""
+    def one(name, fn):
         def f(*a):
-            rec("Quartz." + name)
+            rec(f"{module}.{name}")
             return fn(*a)
         return f
 
+    return {k: one(k, v) for k, v in fns.items()}
+
+
+def _quartz() -> dict:
     def tap_create(tap, place, options, mask, callback, refcon):
         if not (WORLD.listen_access or WORLD.ax_trusted):
             return None
@@ -941,7 +945,7 @@ def _quartz() -> dict:
         "CGEventGetTimestamp": lambda ev: ev.ts, "CGEventGetType": lambda ev: ev.type,
         "CGEventGetIntegerValueField": get_field, "CGEventSetIntegerValueField": set_field,
     }
-    out = {k: r(k, v) for k, v in fns.items()}
+    out = _recorded("Quartz", fns)
     out.update(kCGSessionEventTap=1, kCGHIDEventTap=0, kCGAnnotatedSessionEventTap=2,
                kCGHeadInsertEventTap=0, kCGEventTapOptionListenOnly=1,
                kCGEventTapOptionDefault=0, kCGEventKeyDown=KEY_DOWN, kCGEventKeyUp=KEY_UP,
@@ -963,12 +967,6 @@ class _AXElement:
 
 
 def _hiservices() -> dict:
-    def r(name, fn):
-        def f(*a):
-            rec("HIServices." + name)
-            return fn(*a)
-        return f
-
     def trusted_with(opts):
         if opts and opts.get("AXTrustedCheckOptionPrompt"):
             WORLD.prompts.append("accessibility")
@@ -994,7 +992,7 @@ def _hiservices() -> dict:
            "AXUIElementCreateSystemWide": lambda: _AXElement("system"),
            "AXUIElementCopyAttributeValue": copy_attr,
            "AXUIElementSetMessagingTimeout": set_timeout}
-    out = {k: r(k, v) for k, v in fns.items()}
+    out = _recorded("HIServices", fns)
     out.update(kAXFocusedUIElementAttribute="AXFocusedUIElement",
                kAXSelectedTextAttribute="AXSelectedText",
                kAXTrustedCheckOptionPrompt="AXTrustedCheckOptionPrompt", kAXErrorSuccess=0)

@@ -113,7 +113,15 @@ class Launch:
         return self.apps[0]
 
     def run(self, script):
-        return run_app(self.world, lambda: self.macos.run(self.settings), script)
+        """Run the app with `script` acting once its menu is up, then quit it (unless the
+        script did)."""
+        def act(w):
+            started(w)
+            script(w)
+            if w.exited is None:
+                w.click("Quit")
+                wait_exit(w)
+        return run_app(self.world, lambda: self.macos.run(self.settings), act)
 
 
 def started(w: World) -> None:
@@ -142,7 +150,6 @@ def test_every_appkit_and_text_input_call_is_on_the_main_thread(home, monkeypatc
     launch = Launch(w, monkeypatch)
 
     def script(w):
-        started(w)
         dictate(w, launch, "hello there")
         wait_until(w, lambda: "hello there" in w.front.text)
         assert w.off_main == [], f"AppKit/TIS off the main thread: {w.off_main[:5]}"
@@ -150,8 +157,6 @@ def test_every_appkit_and_text_input_call_is_on_the_main_thread(home, monkeypatc
         w.advance(0.1)
         w.keys([(KEY_S, False, None), (ALT_L, False, None), (CTRL, False, None)])
         wait_until(w, lambda: len(launch.speaker.written) == 3)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert w.front.text == "hello there"
@@ -169,7 +174,6 @@ def test_missing_permissions_show_and_the_tap_starts_when_granted(home, monkeypa
     seen = {}
 
     def script(w):
-        started(w)
         seen["prompts"] = sorted(w.prompts)
         seen["titles"] = w.titles()
         seen["icon"] = w.status_item().button().title()
@@ -186,8 +190,6 @@ def test_missing_permissions_show_and_the_tap_starts_when_granted(home, monkeypa
         w.advance(0.4)
         seen["listening_after"] = w.on_main(lambda: launch.app.view().listening)
         w.key(ALT_R, False)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert seen["prompts"] == ["accessibility", "input_monitoring", "microphone"]
@@ -209,7 +211,6 @@ def test_microphone_is_asked_before_the_first_dictation(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         seen["asked_at_start"] = "microphone" in w.prompts
         w.key(ALT_R, True)
         w.advance(0.4)
@@ -221,8 +222,6 @@ def test_microphone_is_asked_before_the_first_dictation(home, monkeypatch):
         w.advance(0.4)
         seen["opened_after"] = launch.mic.opened
         w.key(ALT_R, False)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert seen == {"asked_at_start": True, "opened_while_asking": 0, "opened_after": 1}
@@ -264,13 +263,10 @@ def test_a_second_launch_opens_the_running_apps_menu(home, monkeypatch):
     launch = Launch(w, monkeypatch)
 
     def script(w):
-        started(w)
         if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             raise AssertionError("nothing handles a second launch's signal")
         os.kill(os.getpid(), signal.SIGUSR1)  # what the second launch sends
         wait_until(w, lambda: w.popped == 1)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert w.popped == 1
@@ -291,7 +287,6 @@ def test_login_item_on_starts_no_second_copy(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         w.click("Launch at login")
         w.advance(0.1)
         seen["on"] = (w.find("Launch at login")._state, w.titles())
@@ -301,8 +296,6 @@ def test_login_item_on_starts_no_second_copy(home, monkeypatch):
         w.click("Launch at login")
         w.advance(0.1)
         seen["failed"] = (w.find("Launch at login")._state, w.titles())
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     plist = home / "Library" / "LaunchAgents" / "io.github.mlx-speech.menubar.plist"
@@ -329,10 +322,7 @@ def test_quit_joins_the_engine_before_exit(home, monkeypatch):
                     store=SlowStore())
 
     def script(w):
-        started(w)
         wait_until(w, lambda: launch.app.models["asr"].status == "downloading")
-        w.click("Quit")
-        wait_exit(w)
 
     t0 = time.perf_counter()
     launch.run(script)
@@ -348,7 +338,6 @@ def test_quit_stops_speech_at_once(home, monkeypatch):
     launch = Launch(w, monkeypatch, tts=tts)
 
     def script(w):
-        started(w)
         w.keys([(CTRL, True, None), (ALT_L, True, None), (KEY_S, True, None)])
         w.keys([(KEY_S, False, None), (ALT_L, False, None), (CTRL, False, None)])
         tts.gate.release()
@@ -372,7 +361,6 @@ def test_ten_thousand_partials_leave_the_menu_items_flat(home, monkeypatch):
     counts = []
 
     def script(w):
-        started(w)
         w.key(ALT_R, True)
         w.advance(0.3)
         sid = w.on_main(lambda: launch.app.capture.sid)
@@ -386,8 +374,6 @@ def test_ten_thousand_partials_leave_the_menu_items_flat(home, monkeypatch):
             counts.append(w.live_menu_items())
             assert counts[-1] == counts[0], counts  # fail early on a leak
         w.key(ALT_R, False)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert counts[0] == counts[-1] and counts[0] < 100
@@ -404,14 +390,11 @@ def test_cmd_c_waits_for_the_chord_to_be_released(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         w.keys([(CTRL, True, None), (ALT_L, True, None), (KEY_S, True, None)])
         w.advance(0.5)
         seen["posted_while_held"] = len(w.posted)
         w.keys([(KEY_S, False, None), (ALT_L, False, None), (CTRL, False, None)])
         wait_until(w, lambda: launch.speaker.written)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert seen["posted_while_held"] == 0
@@ -429,7 +412,6 @@ def test_cmd_v_after_the_modifiers_are_up_on_the_users_layout(home, monkeypatch,
     seen = {}
 
     def script(w):
-        started(w)
         w.key(SHIFT_L, True)  # the user holds Shift for their next word
         dictate(w, launch, text)
         w.advance(0.5)
@@ -437,8 +419,6 @@ def test_cmd_v_after_the_modifiers_are_up_on_the_users_layout(home, monkeypatch,
         w.key(SHIFT_L, False)
         wait_until(w, lambda: text in w.front.text)
         w.advance(3.0)  # the restore
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert seen["while_held"] == ("", 0)
@@ -453,14 +433,11 @@ def test_secure_input_keeps_the_text_in_recent(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         w.secure_input = True  # a password field has the focus
         dictate(w, launch, "my secret words")
         wait_until(w, lambda: launch.app.recent)
         seen["recent"] = w.on_main(lambda: launch.app.recent[0])
         seen["titles"] = w.titles()
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert w.front.text == "" and w.dropped == []  # nothing was even sent
@@ -476,14 +453,11 @@ def test_key_times_come_from_the_events(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         t0 = w.monotonic()
         w.on_main(lambda: setattr(w, "t_ns", w.t_ns + 350_000_000))  # no timer ran
         w.keys([(ALT_R, True, t0), (ALT_R, False, t0 + 0.3)])
         w.advance(0.1)
         seen["listening"] = w.on_main(lambda: launch.app.capture is not None)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert seen["listening"] is False  # released after a hold: not hands-free
@@ -494,14 +468,11 @@ def test_left_and_right_option_are_told_apart(home, monkeypatch):
     launch = Launch(w, monkeypatch)
 
     def script(w):
-        started(w)
         w.key(ALT_L, True)  # left Option held (e.g. typing a special character)
         dictate(w, launch, "both options")
         w.advance(0.3)
         w.key(ALT_L, False)
         wait_until(w, lambda: "both options" in w.front.text)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert w.front.text == "both options"
@@ -513,7 +484,6 @@ def test_no_dock_icon_no_focus_stolen_no_app_nap_while_listening(home, monkeypat
     seen = {}
 
     def script(w):
-        started(w)
         seen["front"] = w.front
         w.key(ALT_R, True)
         w.advance(0.3)
@@ -521,8 +491,6 @@ def test_no_dock_icon_no_focus_stolen_no_app_nap_while_listening(home, monkeypat
         w.key(ALT_R, False)
         wait_until(w, lambda: not launch.app.busy)
         w.advance(0.1)
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert w.policy == 1 and w.activations == 0  # accessory; never activated
@@ -539,13 +507,10 @@ def test_our_own_app_in_front_keeps_the_text_in_recent(home, monkeypatch):
     seen = {}
 
     def script(w):
-        started(w)
         w.front = None  # MLX Speech itself is frontmost
         dictate(w, launch, "for nobody")
         wait_until(w, lambda: launch.app.recent)
         seen["recent"] = w.on_main(lambda: launch.app.recent[0])
-        w.click("Quit")
-        wait_exit(w)
 
     launch.run(script)
     assert not seen["recent"].inserted and w.posted == []
