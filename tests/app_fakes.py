@@ -58,9 +58,20 @@ class Inserter:
         self.calls: list[tuple[str, str | None]] = []
         self.result = InsertResult.OK
         self.focused = "editor"
+        self.mods = False  # the user holds a modifier key
+        self.selected: str | None = None  # what the focused app copies on Cmd-C
 
     def focus(self):
         return self.focused
+
+    def modifiers_down(self):
+        return self.mods
+
+    def send_copy(self):
+        self.calls.append(("copy", "mods down" if self.mods else None))
+        if self.selected is not None and not self.mods:
+            self.clipboard.write_text(self.selected, transient=False)
+        return self.result
 
     def type_text(self, text):
         self.calls.append(("typed", text))

@@ -3,14 +3,12 @@ draws every state, the bundle and LaunchAgent plists, the simulator's command pa
 
 from __future__ import annotations
 
-import plistlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from mlx_speech.app import bundle
 from mlx_speech.app.menu import STATES
 from mlx_speech.app.simulate import parse
 
@@ -35,9 +33,11 @@ def test_import_mlx_speech_and_the_clis_load_nothing_of_the_app():
 
 def test_the_app_package_and_its_cli_load_no_platform_module():
     mods = _loaded("import mlx_speech.app, mlx_speech.app.cli, mlx_speech.app.simulate, "
-                   "mlx_speech.app.bundle; from mlx_speech.app import App, present")
+                   "mlx_speech.app.bundle, mlx_speech.app.doctor, mlx_speech.app.macos, "
+                   "mlx_speech.app.mac_ui, mlx_speech.app.mac_input, mlx_speech.app.keys, "
+                   "mlx_speech.app.carbon, mlx_speech.app.instance, mlx_speech.app.launcher; "
+                   "from mlx_speech.app import App, present")
     assert mods and not [m for m in mods if not m.startswith("mlx_speech.app")]
-    assert "mlx_speech.app.macos" not in mods
 
 
 def test_help_runs_everywhere():
@@ -74,51 +74,6 @@ def test_preview_writes_a_png_per_state(tmp_path):
     assert len(pixels) == len(STATES)  # every state looks different
     assert "Downloading speech model: 1.2 GB / 3.1 GB (40%)" in r.stdout
     assert "Open Accessibility settings" in r.stdout
-
-
-def test_app_bundle_plist_and_launcher(tmp_path):
-    app = bundle.write_app_bundle(tmp_path, python="/opt/py's/bin/python3")
-    assert app == tmp_path / "MLX Speech.app"
-    info = plistlib.loads((app / "Contents" / "Info.plist").read_bytes())
-    assert info["CFBundleIdentifier"] == "io.github.mlx-speech.menubar"
-    assert info["LSUIElement"] is True and info["CFBundlePackageType"] == "APPL"
-    assert "what you say" in info["NSMicrophoneUsageDescription"]
-    exe = app / "Contents" / "MacOS" / info["CFBundleExecutable"]
-    assert exe.stat().st_mode & 0o111
-    script = exe.read_text()
-    assert script.startswith("#!/bin/sh\n")
-    out = subprocess.run(["sh", "-n", str(exe)], capture_output=True)
-    assert out.returncode == 0  # valid shell despite the quote in the path
-    assert "exec '/opt/py'\\''s/bin/python3' -m mlx_speech.app \"$@\"" in script
-    bundle.write_app_bundle(tmp_path)  # replacing an older bundle works
-    assert len(list(tmp_path.iterdir())) == 1
-
-
-def test_login_item_is_written_and_loaded_then_removed(tmp_path):
-    calls = []
-
-    class R:
-        returncode, stdout, stderr = 0, "", ""
-
-    def run(argv, **kw):
-        calls.append(argv)
-        return R()
-
-    home = tmp_path / "home"
-    with pytest.raises(Exception, match="--install-app first"):
-        bundle.set_login_item(True, home=home, run=run, uid=501)
-    app = bundle.write_app_bundle(home / "Applications")
-    bundle.set_login_item(True, home=home, run=run, uid=501)
-    plist = home / "Library" / "LaunchAgents" / "io.github.mlx-speech.menubar.plist"
-    agent = plistlib.loads(plist.read_bytes())
-    assert agent["Label"] == "io.github.mlx-speech.menubar"
-    assert agent["ProgramArguments"] == ["/usr/bin/open", "-g", str(app)]
-    assert agent["RunAtLoad"] is True
-    assert ["launchctl", "bootstrap", "gui/501", str(plist)] in calls  # loaded, not only written
-    calls.clear()
-    bundle.set_login_item(False, home=home, run=run, uid=501)
-    assert calls == [["launchctl", "bootout", "gui/501/io.github.mlx-speech.menubar"]]
-    assert not plist.exists()
 
 
 def test_simulate_command_parser():

@@ -18,7 +18,6 @@ from mlx_speech.app.ports import (
     InsertResult,
     MemoryClipboard,
     ScriptedSelection,
-    copy_selection,
 )
 from mlx_speech.app.settings import Settings, load_settings, save_settings
 from tests.app_fakes import (
@@ -260,9 +259,9 @@ def test_long_text_is_pasted_and_the_full_clipboard_restored_when_untouched():
     assert app.ports.inserter.calls == [("pasted", text)]
     assert kinds(ev, "inserted")[0]["how"] == "pasted"
     assert clip.read_text() == text  # the target app reads it now
+    advance(app, clock, 0.9)
+    assert clip.read_text() == text  # slow apps read it late: it stays a second
     advance(app, clock, 0.2)
-    assert clip.read_text() == text
-    advance(app, clock, 0.3)
     assert clip.snapshot() == snap  # every item and type is back
 
 
@@ -376,22 +375,52 @@ def test_speak_checks_permission_and_selection_first():
     assert present(app.view()).state == "needs_permission" and app.engine.calls == []
     app, clock, ev = make_app(selection=ScriptedSelection("   "))
     key(app, clock, "speak", True)
+    key(app, clock, "speak", False, 0.05)
+    advance(app, clock, 0.05)
+    advance(app, clock, 0.6)  # Cmd-C copied nothing either
     assert present(app.view()).state == "error" and app.engine.calls == []
     assert "nothing selected" in kinds(ev, "error")[-1]["message"]
 
 
-def test_copy_selection_fallback():
+def test_copy_fallback_waits_for_the_keys_and_keeps_the_clipboard():
     clip = MemoryClipboard("same text")
-
-    def copy_from(selected):
-        return lambda: clip.write_text(selected) if selected is not None else None
-
-    # the selection equals the old clipboard: still read (the sentinel changed it first)
-    assert copy_selection(clip, copy_from("same text"), lambda s: None) == "same text"
-    assert clip.read_text() == "same text"
     before = clip.snapshot()
-    assert copy_selection(clip, copy_from(None), lambda s: None) is None
+    app, clock, ev = make_app(clipboard=clip, selection=ScriptedSelection(None))
+    ins = app.ports.inserter
+    ins.selected, ins.mods = "same text", True  # the chord's modifiers are still held
+    key(app, clock, "speak", True)
+    advance(app, clock, 1.0)
+    assert ins.calls == [] and app.engine.calls == []  # no Cmd-C while they are down
+    ins.mods = False
+    key(app, clock, "speak", False)
+    advance(app, clock, 0.05)  # the chord's up is confirmed: Cmd-C, then the copy is read
+    advance(app, clock, 0.05)
+    # the selection equals the old clipboard: still read (the sentinel changed it first)
+    assert ins.calls == [("copy", None)]
+    assert [c for c in app.engine.calls if c[0] == "speak"][0][2] == "same text"
     assert clip.snapshot() == before and clip.read_text() != SENTINEL
+
+
+def test_copy_fallback_with_nothing_selected_restores_and_says_so():
+    clip = MemoryClipboard("mine")
+    before = clip.snapshot()
+    app, clock, ev = make_app(clipboard=clip, selection=ScriptedSelection(None))
+    key(app, clock, "speak", True)
+    key(app, clock, "speak", False, 0.05)
+    advance(app, clock, 0.05)
+    advance(app, clock, 0.6)  # the app never copied
+    assert app.ports.inserter.calls == [("copy", None)] and app.engine.calls == []
+    assert "nothing selected" in kinds(ev, "error")[-1]["message"]
+    assert clip.snapshot() == before
+
+
+def test_copy_fallback_gives_up_when_the_keys_stay_down():
+    app, clock, ev = make_app(selection=ScriptedSelection(None))
+    app.ports.inserter.mods = True
+    key(app, clock, "speak", True)
+    advance(app, clock, 3.5)
+    assert app.ports.inserter.calls == [] and not app.busy
+    assert "release the keys" in kinds(ev, "error")[-1]["message"]
 
 
 # ---------------------------------------------------------------- models, settings, menu
@@ -521,3 +550,214 @@ def test_a_model_that_cannot_load_is_an_error_not_a_hang():
         assert present(app.view()).state == "error" and app.models["asr"].status == "failed"
     finally:
         engine.shutdown()
+
+
+# ---------------------------------------------------------------- permissions, login, insertion
+
+
+class Hotkeys:
+    """A hotkeys port: starts only once `allowed`."""
+
+    def __init__(self):
+        self.allowed, self.on, self.starts = False, False, 0
+
+    def start(self):
+        self.starts += 1
+        self.on = self.on or self.allowed
+        return self.on
+
+    def running(self):
+        return self.on
+
+    def stop(self):
+        self.on = False
+
+
+class Perms:
+    def __init__(self, **states):
+        self.states = {"input_monitoring": "denied", "accessibility": "denied",
+                       "microphone": "not_determined", **states}
+        self.requested, self.opened = [], []
+
+    def state(self, kind):
+        return self.states[kind]
+
+    def request(self, kind):
+        self.requested.append(kind)
+
+    def open_settings(self, kind):
+        self.opened.append(kind)
+
+
+def test_permissions_are_states_asked_once_and_polled_until_granted():
+    from mlx_speech.app.events import PermissionChanged
+
+    app, clock, ev = make_app()
+    hk, perms = Hotkeys(), Perms()
+    app.ports.hotkeys, app.ports.permissions = hk, perms
+    app.start()
+    assert perms.requested == ["input_monitoring", "accessibility", "microphone"]
+    assert app.view().needs == ("input_monitoring", "accessibility", "microphone")
+    menu = present(app.view())
+    assert menu.items[0].title == ("Permission needed: Input Monitoring, Accessibility, "
+                                   "Microphone")
+    app.post(MenuAction("open_settings:microphone"))  # not asked yet: the prompt again
+    app.post(MenuAction("open_settings:input_monitoring"))
+    app.pump()
+    assert perms.requested[-1] == "microphone" and perms.opened == ["input_monitoring"]
+    advance(app, clock, 2.0)
+    assert perms.requested.count("accessibility") == 1  # asked once, then polled
+    perms.states["microphone"] = "granted"
+    app.post(PermissionChanged("microphone"))  # the prompt's answer
+    app.pump()
+    assert app.view().needs == ("input_monitoring", "accessibility")
+    hk.allowed = True  # Input Monitoring switched on in System Settings
+    perms.states.update(input_monitoring="granted", accessibility="granted")
+    advance(app, clock, 1.6)
+    assert hk.on and app.view().needs == () and present(app.view()).state == "idle"
+    hk.on = False  # the tap died: it is restarted at the next poll
+    advance(app, clock, 1.6)
+    assert hk.on
+
+
+def test_login_item_errors_are_shown_and_the_setting_stays():
+    from mlx_speech.errors import MlxSpeechError
+
+    class Login:
+        def __init__(self):
+            self.on, self.fail = False, None
+
+        def enabled(self):
+            return self.on
+
+        def set(self, on):
+            if self.fail:
+                raise MlxSpeechError(self.fail)
+            self.on = on
+            return "ok"
+
+    saved = []
+    app, clock, ev = make_app(save_settings=saved.append)
+    app.ports.login_item = li = Login()
+    li.on = True  # already on (the plist exists): the menu says so at start
+    app.start()
+    assert app.settings.login_item
+    li.fail = "launchctl not found"
+    app.post(MenuAction("login_item"))
+    app.pump()
+    assert app.settings.login_item and li.on  # unchanged
+    assert kinds(ev, "error")[-1]["message"] == ("cannot change Launch at login: "
+                                                 "launchctl not found")
+    li.fail = None
+    app.post(MenuAction("login_item"))
+    app.pump()
+    assert not app.settings.login_item and not li.on and not saved[-1].login_item
+
+
+@pytest.mark.parametrize("result,words", [
+    (InsertResult.SECURE_INPUT, "Secure Input is on"),
+    (InsertResult.NO_TARGET, "no app had the focus"),
+])
+def test_text_that_cannot_be_typed_stays_in_recent(result, words):
+    app, clock, ev = make_app()
+    app.ports.inserter.result = result
+    sid = hold_to_talk(app, clock)
+    app.post(Final(sid, "keep me", 1.0))
+    app.pump()
+    assert app.recent[0].text == "keep me" and not app.recent[0].inserted
+    assert words in kinds(ev, "error")[-1]["message"] and kinds(ev, "inserted") == []
+
+
+def test_insertion_waits_for_modifiers_then_gives_up_into_recent():
+    app, clock, ev = make_app()
+    ins = app.ports.inserter
+    ins.mods = True
+    sid = hold_to_talk(app, clock)
+    app.post(Final(sid, "first", 1.0))
+    app.pump()
+    advance(app, clock, 1.0)
+    assert ins.calls == []
+    ins.mods = False
+    advance(app, clock, 0.05)
+    assert ins.calls == [("typed", "first")]
+    ins.mods = True
+    sid = hold_to_talk(app, clock)
+    app.post(Final(sid, "second", 1.0))
+    app.pump()
+    advance(app, clock, 3.1)  # held too long: never typed later by surprise
+    assert ins.calls == [("typed", "first")]
+    assert app.recent[0].text == "second" and not app.recent[0].inserted
+
+
+def test_quit_stops_speech_and_is_bounded():
+    app, clock, ev = make_app(selection=ScriptedSelection("read this"))
+    key(app, clock, "speak", True)
+    assert app.speaking
+    app.post(Quit())
+    app.pump()
+    sid = [c for c in app.engine.calls if c[0] == "speak"][0][1]
+    assert ("stop_speaking", sid) in app.engine.calls and app.done
+    app, clock, ev = make_app()
+    hold_to_talk(app, clock)  # its final never comes (the model is stuck downloading)
+    app.post(Quit())
+    app.pump()
+    advance(app, clock, 5.0)
+    assert not app.done
+    advance(app, clock, 3.5)
+    assert app.done
+
+
+def test_key_events_carry_their_own_time():
+    app, clock, ev = make_app()
+    t0 = clock.t
+    clock.t += 0.4  # the pump ran late: both events are handled now
+    app.post(Key("dictate", True, t0))
+    app.post(Key("dictate", False, t0 + 0.3))
+    app.pump()
+    advance(app, clock, 0.05)
+    assert app.capture is None and app.pending  # a hold, released: not hands-free
+
+
+def test_long_titles_are_cut():
+    from mlx_speech.app.core import ModelInfo, View
+    from mlx_speech.app.menu import ITEM_CHARS
+
+    v = View(Settings(), listening=True, mode="hold", partial="word " * 200,
+             asr=ModelInfo("a" * 300, "failed", error="e" * 500), error=None,
+             notice="n" * 300)
+    menu = present(v)
+    titles = []
+
+    def walk(items):
+        for it in items:
+            titles.append(it.title)
+            walk(it.children)
+    walk(menu.items)
+    assert max(len(t) for t in titles) <= ITEM_CHARS
+    assert len(menu.title) <= 20 and menu.title.startswith("\u25cf \u2026")
+    v = View(Settings(), error="x" * 1000)
+    assert len(present(v).items[0].title) <= ITEM_CHARS
+
+
+def test_speech_ended_stops_hands_free_only():
+    from mlx_speech.app.events import SpeechEnded
+
+    app, clock, ev = make_app()
+    sid = hold_to_talk(app, clock) + 1
+    key(app, clock, "dictate", True)
+    advance(app, clock, 0.3)  # held: push-to-talk ignores a detector
+    app.post(SpeechEnded(sid))
+    app.pump()
+    assert app.capture is not None and app.capture.sid == sid
+    key(app, clock, "dictate", False)
+    advance(app, clock, 0.05)
+    key(app, clock, "dictate", True, 0.5)  # a tap: hands-free
+    key(app, clock, "dictate", False, 0.05)
+    advance(app, clock, 0.05)
+    sid = app.capture.sid
+    app.post(SpeechEnded(sid - 1))  # a stale one
+    app.pump()
+    assert app.capture is not None
+    app.post(SpeechEnded(sid))
+    app.pump()
+    assert app.capture is None and ("finish", sid) in app.engine.calls

@@ -6,13 +6,17 @@ source checkout). `import mlx_speech` never imports it.
 
 Layers, from pure to platform:
 
-- `gestures`, `committer`, `ports`, `settings`, `core`, `menu`: pure Python. The `App` state
-  machine takes an injected clock and an event queue; every side effect goes through a small
-  port (microphone, speaker, text inserter, clipboard, selection, permissions, model store).
+- `gestures`, `committer`, `ports`, `settings`, `core`, `menu`, `keys`: pure Python. The `App`
+  state machine takes an injected clock and an event queue; every side effect goes through a
+  small port (microphone, speaker, text inserter, clipboard, selection, permissions, hotkeys,
+  login item, model store). `keys` turns raw key events into hotkey events.
 - `engine`: the one thread that owns MLX work (ASR sessions fed microphone blocks, TTS streams).
 - `devices`: sounddevice microphone/speaker adapters (the library's `audio.devices`).
-- `simulate` (`--simulate`), `preview` (`--preview DIR`, Pillow), `bundle` (`--install-app`,
-  Login Item), `macos` (rumps/PyObjC/pynput, imported only on darwin).
+- `simulate` (`--simulate`), `preview` (`--preview DIR`, Pillow), `bundle` + `launcher` +
+  `macho` (`--install-app`: MLX Speech.app; the Login Item), `instance` (one app per user),
+  `doctor` (`--doctor`).
+- `macos`, `mac_ui`, `mac_input`, `carbon`: the macOS layer (PyObjC: AppKit menu bar, Quartz
+  event tap, NSPasteboard, Accessibility, TCC; Carbon through ctypes), imported only on darwin.
 """
 
 from __future__ import annotations

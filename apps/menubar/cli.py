@@ -1,8 +1,9 @@
 """mlx_speech.app: dictation anywhere and speak-selection from the macOS menu bar.
 
     mlx_speech.app                          # the menu-bar app (macOS)
-    mlx_speech.app --install-app            # a double-clickable "MLX Speech.app" in ~/Applications
-    mlx_speech.app --login-item on|off      # start it at login (a LaunchAgent, loaded)
+    mlx_speech.app --install-app            # "MLX Speech.app" in ~/Applications: its own identity
+    mlx_speech.app --login-item on|off      # start it at your next login (a LaunchAgent)
+    mlx_speech.app --doctor                 # one screen to check (and paste in a bug report)
     mlx_speech.app --simulate [--asr-model ID] [--tts-model ID]   # headless: stdin -> JSON lines
     mlx_speech.app --preview DIR            # one PNG per state, and each menu as text
 
@@ -26,9 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="headless: real models and audio devices, hotkeys from stdin")
     mode.add_argument("--preview", metavar="DIR", help="write one PNG per state into DIR")
     mode.add_argument("--install-app", nargs="?", const="~/Applications", metavar="DIR",
-                      help="write the launcher app bundle (default ~/Applications)")
+                      help="build MLX Speech.app from this Python (default ~/Applications)")
     mode.add_argument("--login-item", choices=("on", "off"),
-                      help="start the app at login, or stop doing so")
+                      help="start the app at your next login, or stop doing so")
+    mode.add_argument("--doctor", action="store_true",
+                      help="check permissions, hotkeys, microphone, bundle and versions")
+    p.add_argument("--sign", metavar="IDENTITY", default="-",
+                   help="--install-app: codesign identity (default '-': ad hoc; a real one "
+                        "keeps the permissions across Python upgrades)")
+    p.add_argument("--report", metavar="FILE", help=argparse.SUPPRESS)  # --doctor's output
     p.add_argument("--asr-model", help="speech-to-text model (hub id or folder)")
     p.add_argument("--tts-model", help="text-to-speech model (hub id or folder)")
     p.add_argument("--voice", help="TTS voice (default: the model's)")
@@ -66,6 +73,11 @@ def _run(args) -> None:
         delay_tokens(args.delay_ms)
     if args.save_audio and not args.simulate:
         raise MlxSpeechError("--save-audio is for --simulate")
+    if args.doctor:
+        from .doctor import main as doctor
+
+        doctor(report=args.report)
+        return
     if args.preview:
         from .preview import write_previews
 
@@ -80,8 +92,14 @@ def _run(args) -> None:
     if args.install_app is not None:
         from .bundle import install_app
 
-        path = install_app(args.install_app)
-        log(f"wrote {path}: open it once and grant Microphone and Accessibility to it")
+        path, notes = install_app(args.install_app, identity=args.sign)
+        for note in notes:
+            log(f"note: {note}")
+        if sys.platform == "darwin":
+            log(f"wrote {path}: open it, then allow Input Monitoring, Accessibility and the "
+                "Microphone for MLX Speech when macOS asks (mlx_speech.app --doctor checks)")
+        else:
+            log(f"wrote {path} (the bundle only works on macOS)")
         return
     if args.login_item is not None:
         from .bundle import set_login_item

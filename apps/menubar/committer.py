@@ -33,8 +33,9 @@ class Committer:
         return self.text[i + 1:] if i >= 0 else self.text
 
     def tail(self, width: int = 32) -> str:
-        """The last `width` characters, starting at a word when cut: "…end of the text"."""
-        t = " ".join(self.text.split())
+        """The last `width` characters, starting at a word when cut: "…end of the text".
+        Looks at the end of the text only: its cost does not grow with the dictation."""
+        t = " ".join(self.text[-4 * width:].split())
         if len(t) <= width:
             return t
         start = len(t) - width + 1

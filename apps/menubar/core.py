@@ -11,8 +11,11 @@ Rules it keeps:
 - nothing is inserted while a hotkey key is still down;
 - short text is typed, long text pasted; the clipboard's FULL snapshot is restored after a
   paste only if its change token is still ours;
-- permissions are checked before capture starts (you never speak into nothing);
-- failures show in the menu (error / needs permission), never silently.
+- nothing is synthesized (typed, pasted, Cmd-C) while the user holds a modifier key;
+- permissions are states, checked at start, requested once, polled until granted; the hotkeys
+  start (again) when the system allows them; capture never starts without them;
+- failures show in the menu (error / needs permission), never silently;
+- quitting stops recording and speech at once and waits (bounded) for what is finishing.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlx_speech.errors import MlxSpeechError
+
 from .committer import Committer
 from .events import (
     Final,
@@ -35,20 +40,36 @@ from .events import (
     MenuAction,
     ModelStatus,
     Partial,
+    PermissionChanged,
     Quit,
     SessionFailed,
     SpeakDone,
     SpeakFailed,
     SpeakStarted,
+    SpeechEnded,
 )
 from .gestures import DOUBLE_TAP, HOLD, PRESS, RELEASE, TAP, GestureConfig, Gestures
-from .ports import ClipboardSnapshot, InsertResult, Ports
+from .ports import (
+    GRANTED,
+    NOT_DETERMINED,
+    PERMISSIONS,
+    SENTINEL,
+    ClipboardSnapshot,
+    InsertResult,
+    Ports,
+)
 from .settings import Settings
 
 __all__ = ["App", "Key", "MenuAction", "Quit", "View"]
 
 SILENCE_RMS = 1e-3  # about -60 dBFS: below this a block counts as silence
 MAX_WAIT = 1.0  # the pump wakes at least this often
+POLL_S = 1.5  # permissions and the hotkeys' health are re-checked this often
+KEYS_WAIT_S = 3.0  # insertion/Cmd-C wait this long for the user's keys to go up, then give up
+COPY_WAIT_S = 0.5  # the Cmd-C fallback waits this long for the app to copy
+POLL_KEYS_S = 0.03  # how often the modifier keys are looked at while something waits on them
+QUIT_WAIT_S = 8.0  # quitting waits at most this long for transcripts still finishing
+PARTIAL_CHARS = 60  # the partial text the menu shows (its tail)
 
 
 @dataclass
@@ -73,6 +94,17 @@ class Pending:
     cancelled: bool = False
     text: str | None = None
     audio: str | None = None
+
+
+@dataclass
+class CopyProbe:
+    """Speak selection's Cmd-C fallback: waiting for the keys, then for the app to copy."""
+
+    started_at: float
+    stage: str = "keys"  # "keys" -> "copy"
+    snap: ClipboardSnapshot | None = None
+    token: int = 0
+    sent_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,11 +148,13 @@ class View:
 class App:
     def __init__(self, ports: Ports, engine, settings: Settings | None = None, *,
                  clock: Callable[[], float], emit: Callable[[dict], None] | None = None,
-                 save_settings: Callable[[Settings], None] | None = None):
+                 save_settings: Callable[[Settings], None] | None = None,
+                 wake: Callable[[], None] | None = None):
         self.ports, self.engine, self.clock = ports, engine, clock
         self.settings = settings or Settings()
         self._emit_fn = emit
         self._save = save_settings
+        self._wake = wake  # called after post(): the UI thread runs pump() soon
         self._queue: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
         s = self.settings
@@ -133,15 +167,31 @@ class App:
         self.recent: deque[RecentItem] = deque(maxlen=max(1, s.recent_size))
         self.models = {"asr": ModelInfo(s.asr_model), "tts": ModelInfo(s.tts_model)}
         self.error: str | None = None
-        self.needs: tuple[str, ...] = ()
+        self.perms: dict[str, str] = {}  # kind -> state, for the kinds this app needs
+        self._requested: set[str] = set()
+        self._next_poll = clock()
         self.notice: str | None = None
-        self._restore: tuple[float, ClipboardSnapshot, int] | None = None
+        self._restore: tuple[float, ClipboardSnapshot | None, int] | None = None
+        self._probe: CopyProbe | None = None
+        self._held_since: float | None = None  # modifiers seen down while text waits
         self._last_used = clock()
         self._state = None
         self.quitting = self.done = False
+        self._quit_by: float | None = None
 
     # ------------------------------------------------------------------ driving
     def start(self) -> None:
+        """Check every permission (asking once for the missing ones), start the hotkeys,
+        preload the speech model."""
+        li = self.ports.login_item
+        if li is not None:
+            try:
+                on = bool(li.enabled())
+            except Exception:  # the file's state is only shown, never worth a crash
+                on = self.settings.login_item
+            if on != self.settings.login_item:
+                self._set(login_item=on)
+        self._refresh_permissions(request=True)
         self._state_changed()
         if self.settings.preload_asr:
             self.engine.load("asr", self.settings.asr_model)
@@ -149,6 +199,8 @@ class App:
     def post(self, event) -> None:
         """Thread-safe: hotkey listeners, the capture thread and the engine call this."""
         self._queue.put(event)
+        if self._wake is not None:
+            self._wake()
 
     def pump(self, timeout: float = 0.0) -> None:
         """Handle every queued event (waiting up to `timeout` for the first), then the timers."""
@@ -172,6 +224,10 @@ class App:
             due.append(self._restore[0])
         if self.capture is not None or self.quitting:
             due.append(now + 0.25)
+        if self._probe is not None or self._held_since is not None:
+            due.append(now + POLL_KEYS_S)
+        if self.ports.hotkeys is not None or self.needs:
+            due.append(self._next_poll)
         due = [d for d in due if d is not None]
         return max(0.0, min([MAX_WAIT] + [d - now for d in due]))
 
@@ -188,7 +244,11 @@ class App:
         for name, g in self.gestures.items():
             for gesture in g.tick(t):
                 self._gesture(name, gesture)
+        if t >= self._next_poll:
+            self._refresh_permissions()
         self._try_insert()
+        if self._probe is not None:
+            self._advance_probe()
         if self._restore is not None and t >= self._restore[0]:
             self._restore_clipboard()
         c = self.capture
@@ -197,19 +257,28 @@ class App:
             if silent != c.silent:
                 c.silent = silent
         self._maybe_unload(t)
-        if self.quitting and not self.busy:
+        if self.quitting and not self.done and (not self.busy or t >= self._quit_by):
+            for p in self.pending.values():
+                if p.text:  # never silently: the log keeps what could not be inserted
+                    print(f"quit: not inserted: {p.text!r}", file=sys.stderr)
             self.done = True
         self._state_changed()
 
     @property
     def busy(self) -> bool:
-        return bool(self.capture or self.pending or self.speaking or self._restore)
+        return bool(self.capture or self.pending or self.speaking or self._restore
+                    or self._probe)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The permissions not granted (in PERMISSIONS order)."""
+        return tuple(k for k in PERMISSIONS if self.perms.get(k, GRANTED) != GRANTED)
 
     # ------------------------------------------------------------------ what the menu shows
     def view(self) -> View:
         c = self.capture
         sid = c.sid if c is not None else (max(self.pending) if self.pending else None)
-        partial = self.partials[sid].tail() if sid in self.partials else ""
+        partial = self.partials[sid].tail(PARTIAL_CHARS) if sid in self.partials else ""
         return View(
             settings=self.settings, listening=c is not None and c.mode is not None,
             mode=c.mode if c else None, partial=partial, silent=bool(c and c.silent),
@@ -252,10 +321,21 @@ class App:
             self._fail(f"cannot speak: {ev.message}")
         elif isinstance(ev, MenuAction):
             self._action(ev.id)
+        elif isinstance(ev, PermissionChanged):
+            self._refresh_permissions()
+        elif isinstance(ev, SpeechEnded):
+            c = self.capture
+            if c is not None and c.sid == ev.sid and c.mode == "toggle":
+                self._stop_capture()
         elif isinstance(ev, Quit):
-            self.quitting = True
+            if not self.quitting:
+                self.quitting, self._quit_by = True, self.clock() + QUIT_WAIT_S
             if self.capture is not None:
                 self._stop_capture()
+            if self.speaking:
+                self._stop_speaking()
+            if self._probe is not None:
+                self._end_probe(None, quiet=True)
         else:
             raise TypeError(f"unknown event {ev!r}")
 
@@ -267,7 +347,9 @@ class App:
         g = self.gestures.get(ev.name)
         if g is None:
             raise ValueError(f"unknown hotkey {ev.name!r}")
-        t = self.clock()
+        now = self.clock()
+        # the key's own time: a pump that runs late still sees a 300 ms hold as a hold
+        t = now if ev.t is None else min(ev.t, now)
         for gesture in (g.down(t) if ev.down else g.up(t)):
             self._gesture(ev.name, gesture)
         self._try_insert()
@@ -300,12 +382,53 @@ class App:
             c.mode = "toggle"
 
     # ------------------------------------------------------------------ dictation
+    def _kinds(self) -> tuple[str, ...]:
+        """The permissions this app needs (no event tap of ours: no Input Monitoring)."""
+        return tuple(k for k in PERMISSIONS
+                     if k != "input_monitoring" or self.ports.hotkeys is not None)
+
+    def _refresh_permissions(self, request: bool = False) -> None:
+        """Read every permission's state; ask once for missing ones (`request`); start the
+        hotkeys when they are allowed (again: they may have died or come in late)."""
+        self._next_poll = self.clock() + POLL_S
+        perms, hk = self.ports.permissions, self.ports.hotkeys
+        for kind in self._kinds():
+            try:
+                st = perms.state(kind)
+            except Exception as e:
+                traceback.print_exc(file=sys.stderr)
+                st = f"unknown ({type(e).__name__})"
+            if kind == "input_monitoring":  # what counts is a live event tap
+                ok = self._call_bool(hk.running) or self._call_bool(hk.start)
+                st = GRANTED if ok else (st if st != GRANTED else "cannot listen")
+            if st != GRANTED and request and kind not in self._requested and (
+                    kind != "microphone" or st == NOT_DETERMINED):
+                self._requested.add(kind)
+                try:
+                    perms.request(kind)
+                except Exception:
+                    traceback.print_exc(file=sys.stderr)
+                if kind == "input_monitoring" and self._call_bool(hk.start):
+                    st = GRANTED
+            self.perms[kind] = st
+
     def _check(self, kinds: tuple[str, ...]) -> bool:
-        missing = tuple(k for k in kinds if not self.ports.permissions.granted(k))
-        self.needs = missing
+        self._refresh_permissions()
+        missing = tuple(k for k in kinds if self.perms.get(k, GRANTED) != GRANTED)
+        if "microphone" in missing and self.perms["microphone"] == NOT_DETERMINED:
+            self._refresh_permissions(request=True)  # the prompt, before the first capture
+            self.notice = "Allow the microphone in the dialog, then start again"
         if missing:
             self._emit({"event": "error", "message": "permission needed: " + ", ".join(missing)})
         return not missing
+
+    @staticmethod
+    def _call_bool(fn) -> bool:
+        try:
+            return bool(fn())
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            return False
 
     def _start_capture(self, mode: str | None = None) -> None:
         if not self._check(("microphone", "accessibility")):
@@ -373,6 +496,8 @@ class App:
                 p.cancelled = cancelled = True
         if self.speaking:
             self._stop_speaking()
+        if self._probe is not None:
+            self._end_probe(None, quiet=True)
         if cancelled:
             self.notice = "Cancelled: the text goes to Recent, not to the app"
 
@@ -400,9 +525,26 @@ class App:
     def _keys_down(self) -> bool:
         return any(g.is_down for g in self.gestures.values())
 
+    def _modifiers_held(self) -> bool:
+        """The user's modifier keys are down (asked of the platform: any key, not only ours)."""
+        return self._call_bool(self.ports.inserter.modifiers_down)
+
     def _try_insert(self) -> None:
         ready = [p for p in self.pending.values() if p.text is not None]
         if not ready or self._keys_down():
+            return
+        if not self._modifiers_held():
+            self._held_since = None
+        else:
+            if self._held_since is None:
+                self._held_since = self.clock()
+            if self.clock() - self._held_since < KEYS_WAIT_S:
+                return  # typed keys or Cmd-V would combine with them
+            self._held_since = None
+            for p in sorted(ready, key=lambda p: p.sid):
+                del self.pending[p.sid]
+                self._keep(p.text, False, note="keys-held", audio=p.audio)
+            self._fail("modifier keys stayed down: kept in Recent (Paste last)")
             return
         for p in sorted(ready, key=lambda p: p.sid):
             if any(q.sid < p.sid and q.text is None and not q.cancelled
@@ -420,9 +562,12 @@ class App:
             return
         msg = {InsertResult.NO_PERMISSION: "Accessibility permission is needed to type",
                InsertResult.FOCUS_CHANGED: "the focused app changed",
+               InsertResult.NO_TARGET: "no app had the focus",
+               InsertResult.SECURE_INPUT: ("Secure Input is on (a password field, or Secure "
+                                           "Keyboard Entry in a terminal)"),
                InsertResult.FAILED: "the text could not be inserted"}[r]
-        if r is InsertResult.NO_PERMISSION:
-            self.needs = ("accessibility",)
+        if r is InsertResult.NO_PERMISSION:  # the platform knows better, until the next poll
+            self.perms["accessibility"] = "denied"
         self._fail(f"{msg}: kept in Recent (Paste last)")
         self._keep(p.text, False, note=r.value, audio=p.audio)
 
@@ -430,9 +575,12 @@ class App:
                 paste: bool = False) -> tuple[InsertResult, str]:
         """Type short text, paste long text (restoring the clipboard later)."""
         ports = self.ports
-        if not ports.permissions.granted("accessibility"):
+        if ports.permissions.state("accessibility") != GRANTED:
             return InsertResult.NO_PERMISSION, ""
-        if focus is not None and ports.inserter.focus() != focus:
+        cur = ports.inserter.focus()
+        if cur is None:
+            return InsertResult.NO_TARGET, ""
+        if focus is not None and cur != focus:
             return InsertResult.FOCUS_CHANGED, ""
         if not paste and len(text) <= self.settings.type_max_chars:
             return self._call(ports.inserter.type_text, text), "typed"
@@ -441,7 +589,12 @@ class App:
         snap = ports.clipboard.snapshot()
         token = ports.clipboard.write_text(text)
         r = self._call(ports.inserter.paste)
-        self._restore = (self.clock() + self.settings.restore_delay_ms / 1000, snap, token)
+        if r is not InsertResult.OK and snap is not None:
+            token = ports.clipboard.restore(snap)  # nothing pasted: put it back now
+            return r, "pasted"
+        # slow apps (Electron, remote desktops) read the clipboard late: longer for long text
+        delay = self.settings.restore_delay_ms / 1000 + min(2.0, len(text) / 4000)
+        self._restore = (self.clock() + delay, snap, token)
         return r, "pasted"
 
     @staticmethod
@@ -456,7 +609,9 @@ class App:
         _, snap, token = self._restore
         self._restore = None
         cb = self.ports.clipboard
-        if cb.token() == token:  # nobody wrote it since our paste: give it back, all of it
+        # nobody wrote it since our paste: give it back, all of it (a concealed item, a
+        # password, was never copied: it lapses, as its password manager intends)
+        if snap is not None and cb.token() == token:
             cb.restore(snap)
 
     def _keep(self, text: str, inserted: bool, how: str | None = None, note: str = "",
@@ -475,16 +630,62 @@ class App:
         if self.capture is not None:
             self.notice = "Dictating: speak selection waits"
             return
+        if self._probe is not None:
+            return  # already reading the selection
         if not self._check(("accessibility",)):
             return
         try:
             text = self.ports.selection.read()
         except Exception as e:
-            self._fail(f"cannot read the selection: {e}")
+            traceback.print_exc(file=sys.stderr)
+            text = None
+            print(f"accessibility selection failed: {e}", file=sys.stderr)
+        if text and text.strip():
+            self._speak(text)
+            return
+        # the app does not expose its selection: copy it (Cmd-C), once the keys are up
+        self._probe = CopyProbe(self.clock())
+        self._advance_probe()
+
+    def _advance_probe(self) -> None:
+        p, t, cb = self._probe, self.clock(), self.ports.clipboard
+        if p.stage == "keys":
+            if self.gestures["speak"].is_down or self._modifiers_held():
+                if t - p.started_at >= KEYS_WAIT_S:
+                    self._probe = None
+                    self._fail("release the keys to read the selection (Cmd-C)")
+                return
+            # a sentinel first: a selection equal to the old clipboard is still seen
+            p.snap = cb.snapshot()
+            p.token = cb.write_text(SENTINEL)
+            r = self._call(self.ports.inserter.send_copy)
+            if r is not InsertResult.OK:
+                self._end_probe(None)
+                self._fail(f"cannot copy the selection: {r.value}")
+                return
+            p.stage, p.sent_at = "copy", t
+            return
+        if cb.token() != p.token:
+            got = cb.read_text()
+            p.token = cb.token()
+            self._end_probe(None if got in (None, SENTINEL) else got)
+        elif t - p.sent_at >= COPY_WAIT_S:
+            self._end_probe(None)
+
+    def _end_probe(self, text: str | None, quiet: bool = False) -> None:
+        """Put the user's clipboard back (if only we wrote it since), then speak."""
+        p, self._probe = self._probe, None
+        cb = self.ports.clipboard
+        if p.stage == "copy" and p.snap is not None and cb.token() == p.token:
+            cb.restore(p.snap)
+        if quiet or self.quitting:
             return
         if not text or not text.strip():
             self._fail("nothing selected to speak")
             return
+        self._speak(text)
+
+    def _speak(self, text: str) -> None:
         self.error = self.notice = None
         sid = next(self._ids)
         text = text.strip()
@@ -538,8 +739,11 @@ class App:
                 return
             text = self.recent[i].text
             if name == "copy":
-                self.ports.clipboard.write_text(text)
+                self.ports.clipboard.write_text(text, transient=False)  # the user's own copy
                 self.notice = "Copied"
+                return
+            if self._modifiers_held():
+                self._fail("cannot paste while a modifier key is down")
                 return
             r, how = self._insert(text, None, paste=True)  # the user asked for a paste
             if r is InsertResult.OK:
@@ -547,9 +751,13 @@ class App:
             else:
                 self._fail(f"cannot paste: {r.value}")
         elif name == "dismiss":
-            self.error, self.needs, self.notice = None, (), None
+            self.error, self.notice = None, None
         elif name == "open_settings":
-            self.ports.permissions.open_settings(arg)
+            if self.perms.get(arg) == NOT_DETERMINED:
+                self.ports.permissions.request(arg)  # the prompt is the quicker way
+            else:
+                self.ports.permissions.open_settings(arg)
+            self._next_poll = min(self._next_poll, self.clock() + POLL_S)
         elif name in ("asr_model", "tts_model"):
             kind = name[:3]
             if getattr(s, name) != arg:
@@ -570,11 +778,24 @@ class App:
         elif name == "latency_ms":
             self._set(latency_ms=int(arg) if arg else None)
         elif name == "login_item":
-            self._set(login_item=not s.login_item)
+            self._login_item(not s.login_item)
         elif name == "quit":
             self.post(Quit())
         else:
             raise ValueError(f"unknown menu action {aid!r}")
+
+    def _login_item(self, on: bool) -> None:
+        """Written for the next login; never started now (that would be a second copy)."""
+        li = self.ports.login_item
+        if li is not None:
+            try:
+                li.set(on)
+            except (MlxSpeechError, OSError) as e:
+                self._fail(f"cannot change Launch at login: {e}")
+                return
+            self.notice = ("Launch at login: on, from your next login" if on
+                           else "Launch at login: off")
+        self._set(login_item=on)
 
     def _set(self, **changes) -> None:
         self.settings = self.settings.replace(**changes)

@@ -11,6 +11,34 @@ from mlx_speech.errors import DeviceError
 
 CLOSE_WAIT = 1.0  # seconds
 
+_open_lock = threading.Lock()
+_open_streams = 0  # the app's streams open now (microphone and speaker)
+
+
+def _opened(delta: int) -> int:
+    global _open_streams
+    with _open_lock:
+        _open_streams += delta
+        return _open_streams
+
+
+def rescan_devices() -> bool:
+    """PortAudio lists devices once, when it starts: a menu-bar app running for days would
+    never see AirPods or a USB microphone plugged in later, nor a new system default.
+    Restart it, only when none of our streams is open. True if it was restarted."""
+    with _open_lock:
+        if _open_streams:
+            return False
+        try:
+            import sounddevice as sd
+        except (ImportError, OSError):
+            return False
+        if not (hasattr(sd, "_terminate") and hasattr(sd, "_initialize")):
+            return False
+        sd._terminate()
+        sd._initialize()
+        return True
+
 
 class DeviceMicrophone:
     """Opens the input device per dictation; a small thread hands blocks to `on_block`
@@ -27,9 +55,15 @@ class DeviceMicrophone:
         from mlx_speech.audio.devices import Microphone
 
         self.close()
-        mic = Microphone(self.sample_rate, self.block_samples, device=self.device,
-                         max_blocks=4096)
-        mic.start()
+        rescan_devices()
+        _opened(+1)
+        try:
+            mic = Microphone(self.sample_rate, self.block_samples, device=self.device,
+                             max_blocks=4096)
+            mic.start()
+        except BaseException:
+            _opened(-1)
+            raise
         self._mic, self._closing = mic, threading.Event()
         self._thread = threading.Thread(target=self._pump, args=(mic, on_block, self._closing),
                                         name="mic-pump", daemon=True)
@@ -55,6 +89,8 @@ class DeviceMicrophone:
         closer = threading.Thread(target=mic.close, name="mic-close", daemon=True)
         closer.start()
         closer.join(CLOSE_WAIT)
+        if not closer.is_alive():
+            _opened(-1)  # a stalled one stays counted: PortAudio is not restarted under it
         self._closing.set()
         self._thread.join(CLOSE_WAIT)
 
@@ -108,6 +144,7 @@ class DeviceSpeaker:
         sp, self._sp = self._sp, None
         if sp is not None:
             sp.close(abort=self._stopped)
+            _opened(-1)
 
     @property
     def underruns(self) -> int:

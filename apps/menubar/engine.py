@@ -32,6 +32,10 @@ from .events import (
 PROGRESS_EVERY = 0.25  # seconds between download progress events
 
 
+class Stopping(Exception):
+    """Raised inside a download or a TTS stream when the engine is shutting down."""
+
+
 @dataclass
 class _Session:
     session: object
@@ -62,6 +66,7 @@ class Engine:
         self._stopped: set[int] = set()
         self._speaker = None
         self._speaking: int | None = None
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -99,10 +104,21 @@ class Engine:
         if speaker is not None:
             speaker.stop()
 
-    def shutdown(self, timeout: float | None = 30.0) -> None:
+    def shutdown(self, timeout: float | None = 30.0, abandon: bool = False) -> bool:
+        """Stop after the queued work (`abandon`: at once: speech is silenced, a download
+        is given up, queued work is dropped); the thread frees the models and its MLX
+        streams before it ends (MLX aborts the process at exit otherwise). Returns True
+        once the thread has ended."""
+        if abandon:
+            self._stopping.set()
+            with self._lock:
+                speaker = self._speaker
+            if speaker is not None:
+                speaker.stop()
         self._q.put(("quit",))
         if self._thread.is_alive():
             self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def idle(self) -> bool:
         return self._q.empty() and self._speaking is None
@@ -122,6 +138,9 @@ class Engine:
                 if cmd[0] == "quit":
                     self._close()
                     return
+                if self._stopping.is_set():  # shutting down: only "quit" is left to do
+                    i += 1
+                    continue
                 if cmd[0] == "audio":
                     j = i + 1
                     while j < len(batch) and batch[j][0] == "audio" and batch[j][1] == cmd[1]:
@@ -148,6 +167,8 @@ class Engine:
     def _do(self, fn, *args) -> None:
         try:
             fn(*args)
+        except Stopping:
+            return
         except Exception as e:
             msg = str(e) or type(e).__name__
             if not _user_error(e):
@@ -173,6 +194,8 @@ class Engine:
         last = [0.0]
 
         def progress(done: int, total: int) -> None:
+            if self._stopping.is_set():
+                raise Stopping  # abandons the download (it resumes next time)
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY or (total and done >= total):
                 last[0] = now
@@ -187,7 +210,11 @@ class Engine:
             if not hasattr(model, need):
                 what = "speech-to-text" if kind == "asr" else "text-to-speech"
                 raise ValueError(f"{model_id} is not a {what} model")
+        except Stopping:
+            raise
         except Exception as e:
+            if self._stopping.is_set():
+                raise Stopping from e
             msg = str(e) if _user_error(e) else f"{type(e).__name__}: {e}"
             self.emit(ModelStatus(kind, model_id, "failed", error=msg))
             raise
@@ -271,7 +298,7 @@ class Engine:
                     from mlx_speech.audio.resample import resample
 
                     x = resample(x, chunk.sample_rate, sr)
-                if sid in self._stopped or not speaker.write(x):
+                if sid in self._stopped or self._stopping.is_set() or not speaker.write(x):
                     stopped = True
                     break
                 if seconds == 0.0:

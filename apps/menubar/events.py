@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Key:
     """A hotkey went down or up: name is "dictate", "speak" or "esc". For a chord, "up" comes
-    when its last key is released (so "all keys up" really means that)."""
+    when its last key is released (so "all keys up" really means that). `t` is when the key
+    moved, on the core's clock (the event's own timestamp); None means "now"."""
 
     name: str
     down: bool
+    t: float | None = None
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,21 @@ class MenuAction:
 @dataclass(frozen=True)
 class Quit:
     """Finish what is in flight (recording, transcripts, speech), then stop."""
+
+
+@dataclass(frozen=True)
+class PermissionChanged:
+    """The answer to a permission request arrived (e.g. the microphone prompt's callback)."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class SpeechEnded:
+    """A voice activity detector heard the speaker stop in dictation `sid`: a hands-free
+    dictation ends as if its hotkey was tapped (push-to-talk ignores it)."""
+
+    sid: int
 
 
 @dataclass(frozen=True)

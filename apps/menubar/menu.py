@@ -21,7 +21,10 @@ GLYPHS = {"idle": "\u25cb", "loading": "\u25cc", "downloading": "\u2193", "liste
           "silent_mic": "\u25cf", "finalizing": "\u2026", "speaking": "\u25b6",
           "needs_permission": "!", "error": "\u26a0"}
 
-PANES = {"microphone": "Microphone", "accessibility": "Accessibility"}
+PANES = {"input_monitoring": "Input Monitoring", "accessibility": "Accessibility",
+         "microphone": "Microphone"}
+ITEM_CHARS = 64  # menu item titles are cut to this (a menu as wide as the screen helps nobody)
+TITLE_CHARS = 16  # partial text beside the icon: an over-wide status item is hidden by the notch
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,25 @@ def _short(text: str, n: int = 40) -> str:
     return t if len(t) <= n else t[: n - 1] + "\u2026"
 
 
+def _tail(text: str, n: int) -> str:
+    """The end of `text` in at most n characters, starting at a word when cut."""
+    t = " ".join(text.split())
+    if len(t) <= n:
+        return t
+    cut = t[len(t) - n + 1:]
+    sp = cut.find(" ")
+    if 0 <= sp < len(cut) - 1:
+        cut = cut[sp + 1:]
+    return "\u2026" + cut
+
+
+def _fit(item: MenuItem) -> MenuItem:
+    if len(item.title) <= ITEM_CHARS and not item.children:
+        return item
+    return MenuItem(_short(item.title, ITEM_CHARS), item.id, item.checked,
+                    tuple(_fit(c) for c in item.children))
+
+
 def present(v) -> Menu:
     """The whole menu for a `core.View`."""
     s = v.settings
@@ -129,7 +151,7 @@ def present(v) -> Menu:
         if m.status == "failed" and m.error and state != "error":
             items.append(MenuItem(f"Could not load {label}: {_short(m.error)}"))
     if v.partial and state in ("listening", "silent_mic", "finalizing"):
-        items.append(MenuItem(f"\u201c{v.partial}\u201d"))
+        items.append(MenuItem(f"\u201c{_tail(v.partial, ITEM_CHARS - 2)}\u201d"))
     if v.notice:
         items.append(MenuItem(v.notice))
     for k in v.needs:
@@ -177,8 +199,9 @@ def present(v) -> Menu:
     )))
     items.append(SEPARATOR)
     items.append(MenuItem("Quit", "quit"))
-    title = GLYPHS[state] + (f" {v.partial}" if v.partial and state == "listening" else "")
-    return Menu(state, title, tuple(items))
+    title = GLYPHS[state] + (f" {_tail(v.partial, TITLE_CHARS)}" if v.partial
+                             and state == "listening" else "")
+    return Menu(state, title, tuple(_fit(it) for it in items))
 
 
 def _picker(action: str, models, current: str) -> tuple[MenuItem, ...]:

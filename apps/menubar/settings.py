@@ -38,6 +38,8 @@ class Settings:
     voice: str | None = None  # None = the TTS model's default voice
     tts_seed: int = 0
     tts_max_frames: int | None = None
+    # keys joined by "+": alt/ctrl/shift/cmd match either side, alt_r/alt_l one side; fn, esc,
+    # space, f1..f12; letters and digits are the keys that type them in the current layout
     dictate_hotkey: str = "alt_r"  # right Option: hold to talk, tap for hands-free
     speak_hotkey: str = "ctrl+alt+s"
     toggle: str = "tap"  # hands-free by "tap" or "double_tap"
@@ -45,7 +47,8 @@ class Settings:
     double_tap_ms: int = 350
     debounce_ms: int = 40
     type_max_chars: int = 80  # longer text is pasted (clipboard + Cmd-V)
-    restore_delay_ms: int = 400  # the clipboard goes back this long after Cmd-V
+    # the clipboard goes back this long after Cmd-V (more for long text): slow apps read it late
+    restore_delay_ms: int = 1000
     silent_after_s: float = 4.0  # warn when the microphone gives only silence this long
     unload_after_min: int = 10  # 0 = never
     preload_asr: bool = True
@@ -111,3 +114,45 @@ def save_settings(s: Settings, path: Path | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(s.to_json(), indent=2, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def lock_path() -> Path:
+    """The single-instance lock, beside the settings."""
+    return settings_path().with_name("app.lock")
+
+
+def log_path() -> Path:
+    """`$MLX_SPEECH_APP_LOG` if set, else app.log in the platform's log folder
+    (~/Library/Logs/MLX Speech on macOS)."""
+    env = os.environ.get("MLX_SPEECH_APP_LOG")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_log_dir("MLX Speech", appauthor=False)) / "app.log"
+
+
+def open_log(max_bytes: int = 5_000_000):
+    """Send this process's stdout and stderr (Python's and C libraries') to the log file,
+    keeping one older file; returns its path. For launches without a terminal, where
+    both go to /dev/null and every traceback would be lost."""
+    import sys
+
+    path = log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.stat().st_size > max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except OSError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os.dup2(fd, target)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    return path
