@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import time
 
+from mlx_speech.errors import optional
+
 from .core import App
 from .devices import DeviceMicrophone, DeviceSpeaker
 from .engine import Engine
@@ -233,7 +235,14 @@ class Hotkeys:
 
 
 def run(settings: Settings) -> None:
-    import rumps
+    with optional("app", "the menu-bar app"):  # every platform package, before anything starts
+        import AppKit  # noqa: F401
+        import ApplicationServices  # noqa: F401
+        import AVFoundation  # noqa: F401
+        import Foundation  # noqa: F401
+        import pynput  # noqa: F401
+        import Quartz  # noqa: F401
+        import rumps
 
     from .bundle import set_login_item
 

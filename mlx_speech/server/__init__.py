@@ -12,7 +12,7 @@ transcription streams of one model are batched into shared steps.
 Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
 handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
 --allowed-origin origins (default: loopback pages only). Needs the `server` extra
-(fastapi, uvicorn, python-multipart, websockets).
+(fastapi, uvicorn, python-multipart, websockets, sphn).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from ..cliutil import log, run_cli
-from ..errors import MlxSpeechError
+from ..errors import MlxSpeechError, optional
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +72,8 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`)."""
-    from .app import create_app
+    with optional("server", "the server"):
+        from .app import create_app
     from .common import Served
     from .engine import Engine
 
@@ -83,12 +84,12 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
 
 def _run(args) -> None:
-    try:
+    with optional("server", "the server"):  # all of it, before loading any model
         import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401  (FastAPI's form parser, for uploads)
+        import sphn  # noqa: F401  (Opus)
         import uvicorn
-    except ImportError:
-        raise MlxSpeechError("the server needs FastAPI and uvicorn: "
-                             "pip install 'mlx-speech[server]'") from None
+        import websockets  # noqa: F401  (uvicorn's WebSocket protocol)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")

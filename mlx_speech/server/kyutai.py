@@ -41,7 +41,8 @@ def add_routes(app: FastAPI, served: Served) -> None:
         try:
             import sphn
         except ImportError:
-            await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus")
+            await ws.send_bytes(ERROR + b"the server needs sphn for Opus: "
+                                b"pip install 'mlx-speech[server]'")
             await ws.close()
             return
         kwargs = {}
