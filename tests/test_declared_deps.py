@@ -77,13 +77,14 @@ class Declared:
 
 
 @functools.cache
-def distribution(module: str) -> str:
-    """The distribution that installs a top-level module: the table where the names differ,
-    else the installed metadata, else the module's own name."""
+def distributions(module: str) -> tuple[str, ...]:
+    """The distributions that install a top-level module (a namespace package has several),
+    the likeliest first: the table where the names differ, else the installed metadata, else
+    the module's own name."""
     if module in DISTRIBUTIONS:
-        return norm(DISTRIBUTIONS[module])
-    found = [norm(d) for d in _installed().get(module, ())]
-    return norm(module) if not found or norm(module) in found else found[0]
+        return (norm(DISTRIBUTIONS[module]),)
+    found = sorted({norm(d) for d in _installed().get(module, ())}, key=lambda d: d != norm(module))
+    return tuple(found) or (norm(module),)
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,15 +125,15 @@ def subsystem(rel: str) -> str | None:
 
 
 @functools.cache
-def code_imports(root: Path = ROOT) -> list[tuple[str, str, int, str | None]]:
-    """(distribution, file, line, where it must be declared: an extra or None for core)."""
+def code_imports(root: Path = ROOT) -> list[tuple[tuple[str, ...], str, int, str | None]]:
+    """(distributions, file, line, where it must be declared: an extra or None for core)."""
     out = []
     for top in CODE:
         for f in sorted((root / top).rglob("*.py")):
             rel = f.relative_to(root).as_posix()
             for module, line, guarded in imports(ast.parse(f.read_text(encoding="utf-8"))):
                 if third_party(module):
-                    out.append((distribution(module), rel, line, guarded or subsystem(rel)))
+                    out.append((distributions(module), rel, line, guarded or subsystem(rel)))
     return out
 
 
@@ -140,12 +141,13 @@ def problems(pyproject_text: str, root: Path = ROOT) -> list[str]:
     """Undeclared imports and declared packages nothing imports, one line each."""
     d = Declared(pyproject_text)
     out, used = [], defaultdict(set)
-    for dist, rel, line, extra in code_imports(root):
-        used[extra].add(dist)
+    for dists, rel, line, extra in code_imports(root):
+        used[extra].update(dists)
+        dist = dists[0]
         allowed = d.core if extra is None else d.extra(extra)
         if extra is not None and extra not in d.raw:
             out.append(f"{rel}:{line} imports {dist} for the extra [{extra}], which does not exist")
-        elif dist not in allowed:
+        elif not allowed.intersection(dists):
             where = "the core dependencies" + (f" nor [{extra}]" if extra else "")
             out.append(f"{rel}:{line} imports {dist}, which is not in {where}")
     everywhere = set().union(*used.values())
@@ -206,11 +208,12 @@ def test_every_package_the_tests_import_is_declared():
     on every fresh machine."""
     d = Declared((ROOT / "pyproject.toml").read_text())
     allowed = d.extra("dev") | d.extra("reference") | REFERENCE_PEERS
-    for line in readme_test_block():
+    for line in readme_test_block():  # e.g. `pip install --no-deps silero-vad`
         for cmd in line.split("&&"):
             words = cmd.split()
-            if words[:2] == ["pip", "install"]:
-                allowed |= {parse_requirement(w)[0] for w in words[2:]
+            if "pip" in words and "install" in words[words.index("pip"):]:
+                rest = words[words.index("install", words.index("pip")) + 1:]
+                allowed |= {parse_requirement(w)[0] for w in rest
                             if not w.startswith(("-", ".", '"', "'"))}
     missing = []
     for f in sorted((ROOT / "tests").glob("*.py")):
@@ -219,7 +222,7 @@ def test_every_package_the_tests_import_is_declared():
         found += [(n.args[0].value.split(".")[0], n.lineno) for n in ast.walk(tree)
                   if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "importorskip"
                   and n.args and isinstance(n.args[0], ast.Constant)]
-        missing += [f"{f.name}:{line} {m} ({distribution(m)})" for m, line in found
+        missing += [f"{f.name}:{line} {m} ({distributions(m)[0]})" for m, line in found
                     if third_party(m) and not (ROOT / "tests" / f"{m}.py").exists()
-                    and distribution(m) not in allowed]
+                    and not allowed.intersection(distributions(m))]
     assert missing == []

@@ -12,7 +12,7 @@ import soundfile as sf
 
 import mlx_speech
 from mlx_speech.errors import MissingDependency, optional
-from tests.test_declared_deps import CODE, ROOT, Declared, distribution, imports, third_party
+from tests.test_declared_deps import CODE, ROOT, Declared, distributions, imports, third_party
 
 
 def _optional_modules() -> set[str]:
@@ -22,7 +22,7 @@ def _optional_modules() -> set[str]:
     for top in CODE:
         for f in (ROOT / top).rglob("*.py"):
             for m, _, _ in imports(ast.parse(f.read_text(encoding="utf-8"))):
-                if third_party(m) and distribution(m) not in core:
+                if third_party(m) and not core.intersection(distributions(m)):
                     found.add(m)
     return found
 
