@@ -179,6 +179,10 @@ def _run(args) -> None:
         check_writable(args.output)
     if args.input and not Path(args.input).exists():
         raise MlxSpeechError(f"audio file not found: {args.input}")
+    if not args.input and not args.list_voices:
+        from .audio.devices import check_live_audio
+
+        check_live_audio()
     import mlx_speech
 
     model = mlx_speech.load(args.model, **quantize_kwargs(args))

@@ -349,6 +349,10 @@ def _run(args) -> None:
         from .audio.io import check_writable
 
         check_writable(args.save_audio)
+    if args.live:
+        from .audio.devices import check_live_audio
+
+        check_live_audio()
     import mlx_speech
 
     log(f"loading {args.model}")

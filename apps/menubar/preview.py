@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlx_speech.errors import optional
+
 from .core import ModelInfo, RecentItem, View
 from .menu import SEPARATOR, STATES, Menu, present, render_text
 from .settings import Settings
@@ -52,9 +54,15 @@ def sample_views(settings: Settings | None = None) -> dict[str, View]:
     return views
 
 
-def _font(size: int):
-    from PIL import ImageFont
+def _pillow():
+    """Pillow's (Image, ImageDraw, ImageFont), or one line naming the extra."""
+    with optional("app", "the preview"):
+        from PIL import Image, ImageDraw, ImageFont
+    return Image, ImageDraw, ImageFont
 
+
+def _font(size: int):
+    ImageFont = _pillow()[2]
     for p in FONT_PATHS:
         if Path(p).exists():
             return ImageFont.truetype(p, size)
@@ -88,8 +96,7 @@ def draw_icon(d, state: str, x: int, y: int, r: int = 8) -> None:
 
 def draw(menu: Menu, width: int = 440):
     """The menu bar strip and the open menu as an RGB image."""
-    from PIL import Image, ImageDraw
-
+    Image, ImageDraw, _ = _pillow()
     font, small = _font(13), _font(11)
     row, bar = 20, 26
     rows = [it for it in menu.items]
@@ -126,6 +133,7 @@ def draw(menu: Menu, width: int = 440):
 
 def write_previews(folder: str | Path, settings: Settings | None = None) -> list[tuple[str, str]]:
     """Write `<state>.png` for every state; returns (state, the menu as text) pairs."""
+    _pillow()  # before making the folder
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     done = []

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlx_speech.errors import optional
+
 DEFAULT_ASR = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 DEFAULT_TTS = "mistralai/Voxtral-4B-TTS-2603"
 
@@ -92,7 +94,8 @@ def settings_path() -> Path:
     env = os.environ.get("MLX_SPEECH_APP_CONFIG")
     if env:
         return Path(env)
-    import platformdirs
+    with optional("app", "the app's settings"):
+        import platformdirs
 
     return Path(platformdirs.user_config_dir("mlx_speech", appauthor=False)) / "app.json"
 

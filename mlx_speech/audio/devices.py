@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from mlx_speech.errors import DeviceError
+from mlx_speech.errors import DeviceError, optional
 
 QUIET_WARN_S = 5.0  # live loops say so once a microphone is quiet this long
 QUIET_REPORT_S = 1.0  # and, when they end, if it had been quiet this long
@@ -24,14 +24,16 @@ _PERMISSION_HINT = (
 
 def _sounddevice():
     try:
-        import sounddevice
-    except ImportError:
-        raise DeviceError(
-            "live audio needs sounddevice: pip install 'mlx-speech[live]'"
-        ) from None
+        with optional("live", "live audio", DeviceError):
+            import sounddevice
     except OSError as e:  # the wheel is there but libportaudio is not
         raise DeviceError(f"cannot load PortAudio ({e}); install PortAudio") from None
     return sounddevice
+
+
+def check_live_audio() -> None:
+    """Raise now, before a model loads, when sounddevice or PortAudio is missing."""
+    _sounddevice()
 
 
 def _open_stream(sd, kind, owner, what: str, hint: str):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from ..cliutil import log, run_cli
-from ..errors import MlxSpeechError
+from ..errors import MlxSpeechError, optional
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +98,8 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
     `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
     server_vad / semantic_vad turn detection; None: clients must commit each turn."""
-    from .app import create_app
+    with optional("server", "the server"):
+        from .app import create_app
     from .common import Served
     from .engine import Engine
 
@@ -109,12 +110,12 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
 
 def _run(args) -> None:
-    try:
+    with optional("server", "the server"):  # all of it, before loading any model
         import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401  (FastAPI's form parser, for uploads)
+        import sphn  # noqa: F401  (Opus)
         import uvicorn
-    except ImportError:
-        raise MlxSpeechError("the server needs FastAPI and uvicorn: "
-                             "pip install 'mlx-speech[server]'") from None
+        import websockets  # noqa: F401  (uvicorn's WebSocket protocol)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
