@@ -37,6 +37,7 @@ DISTRIBUTIONS = {
     "ApplicationServices": "pyobjc-framework-ApplicationServices",
     "AVFoundation": "pyobjc-framework-AVFoundation",
     "objc": "pyobjc-core",
+    "PyObjCTools": "pyobjc-core",
     "python_multipart": "python-multipart",
 }
 

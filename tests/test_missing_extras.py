@@ -60,7 +60,7 @@ def _one_error_line(capsys, rc: int) -> str:
 
 
 def test_the_optional_modules_are_read_from_the_code():
-    assert {"fastapi", "uvicorn", "sphn", "sounddevice", "PIL", "platformdirs", "rumps"} <= OPTIONAL
+    assert {"fastapi", "uvicorn", "sphn", "sounddevice", "PIL", "platformdirs", "AppKit"} <= OPTIONAL
     assert not OPTIONAL & {"numpy", "mlx", "soundfile", "regex", "yaml", "huggingface_hub"}
 
 
@@ -119,8 +119,8 @@ def test_menu_bar_app_without_its_platform_packages(without):
     from mlx_speech.app import macos
     from mlx_speech.app.settings import Settings
 
-    without("rumps", "pynput", "AppKit", "Foundation", "Quartz", "ApplicationServices",
-            "AVFoundation")
+    without("AppKit", "Foundation", "Quartz", "ApplicationServices", "AVFoundation",
+            "PyObjCTools")
     with pytest.raises(MissingDependency, match=r"^the menu-bar app needs pyobjc-framework-"
                                                 r"Cocoa: pip install 'mlx-speech\[app\]'$"):
         macos.run(Settings())

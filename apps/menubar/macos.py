@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from mlx_speech.errors import MlxSpeechError
+from mlx_speech.errors import MlxSpeechError, optional
 
 from . import carbon
 from .core import App
@@ -322,13 +322,13 @@ def missing_pyobjc() -> list[str]:
 
 def run(settings: Settings) -> None:
     """The menu-bar app, until Quit (or logout). One instance per user."""
-    missing = missing_pyobjc()
-    if missing:
-        raise MlxSpeechError(f"the menu-bar app needs PyObjC ({', '.join(missing)} missing): "
-                             "pip install 'mlx-speech[app]'")
-    import AppKit
-    import Foundation
-    from PyObjCTools import AppHelper
+    with optional("app", "the menu-bar app"):  # every platform package, before anything starts
+        import AppKit
+        import ApplicationServices  # noqa: F401
+        import AVFoundation  # noqa: F401
+        import Foundation
+        import Quartz  # noqa: F401
+        from PyObjCTools import AppHelper
 
     from .mac_ui import MenuBarUI
     from .settings import lock_path, open_log, save_settings
