@@ -90,8 +90,9 @@ def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
         assert text.strip() == ref.text
 
 
-def test_voxtral_batched_reanchoring(tmp_path, vr_model):
-    """Limits just above window + chunk: rows re-anchor at different steps."""
+def test_voxtral_batched_reanchoring(tmp_path, vr_model, gpu_rope):
+    """Limits just above window + chunk: rows re-anchor at different steps. RoPE computes
+    positions as the GPU kernels do (a negative one would wrap, tests/gpu_emulation.py)."""
     small = mlx_speech.load(make_voxtral_checkpoint(
         tmp_path / "small", "mistral", model_max_length=80,
         **{"multimodal/whisper_model_args/encoder_args/max_source_positions": 28}))

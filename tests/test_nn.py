@@ -4,7 +4,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from mlx_speech.nn import (
+    CausalConv1d,
+    ConvCache,
+    RingBatch,
+    RingRow,
+    SlidingKVCache,
+    window_mask,
+)
 
 
 def _attend(q, k, v, mask):
@@ -51,6 +58,31 @@ def test_reanchor_rotates_keys_to_the_lowered_clock():
     assert (cache.offset, cache.rope_offset) == (6, 6 - 90)
     got = cache.keys[:, :, :6]
     np.testing.assert_allclose(np.array(got), np.array(rope(raw, 10)), atol=1e-5)
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+def test_reanchor_under_gpu_rope_arithmetic(gpu_rope, traditional):
+    """The GPU rope kernels wrap negative positions (tests/gpu_emulation.py): re-anchoring
+    lowers the clock without one, for one stream's ring and for a batch of rows."""
+    rng = np.random.default_rng(2)
+    raw = mx.array(rng.standard_normal((3, 2, 6, 8)).astype(np.float32))
+
+    def rope(x, off):
+        return mx.fast.rope(x, 8, traditional=traditional, base=1e4, scale=1.0, offset=off)
+
+    cache = SlidingKVCache(6, 6)  # its (N, 1, D) rotation takes CUDA's general kernel
+    cache.update_and_fetch(rope(raw[:1], 100), raw[:1])
+    cache.reanchor(90, 8, traditional=traditional, base=1e4)
+    np.testing.assert_allclose(np.array(cache.keys[:, :, :6]), np.array(rope(raw[:1], 10)),
+                               atol=1e-5)
+    batch = RingBatch.gather([RingRow(6, 6) for _ in range(3)])  # B >= 2: the general kernel
+    batch.update_and_fetch(rope(raw, mx.array([100, 50, 7])), raw)
+    batch.reanchor([90, 0, 5], 8, traditional=traditional, base=1e4)
+    assert [r.rope_offset for r in batch.rows] == [6 - 90, 6, 6 - 5]
+    np.testing.assert_allclose(np.array(batch.keys[:, :, :6]),
+                               np.array(rope(raw, mx.array([10, 50, 2]))), atol=1e-5)
+    with pytest.raises(ValueError, match="only lowers"):
+        batch.reanchor([1, -1, 0], 8, traditional=traditional, base=1e4)
 
 
 @pytest.mark.parametrize("stride,sizes", [(1, [1, 3, 2, 7]), (2, [2, 4, 6, 2])])
