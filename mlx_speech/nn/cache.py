@@ -221,12 +221,19 @@ class RingBatch:
     def rope_offset(self) -> mx.array:
         return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
 
-    def make_mask(self, length: int) -> mx.array:
+    def make_mask(self, length: int) -> mx.array | str | None:
         """(B, 1, L, S) mask for `length` new queries per row, against the slots in
-        use after the write (S = the widest row's)."""
-        cap = self.capacity
-        offs = mx.array([r.offset for r in self.rows], mx.int32)[:, None]
-        used = min(cap, max(r.offset for r in self.rows) + length)
+        use after the write (S = the widest row's). None when every query sees every
+        slot and "causal" when rows in step see exactly their earlier positions: the
+        fused GPU kernels take those (CUDA runs no fused decode step with a mask)."""
+        cap, window = self.capacity, self.window
+        o = [r.offset for r in self.rows]
+        used = min(cap, max(o) + length)
+        if length == 1 and all(x + 1 >= used and min(x + 1, cap) <= window for x in o):
+            return None  # every row wrote every slot in use, all within its window
+        if min(o) == max(o) and o[0] + length <= min(cap, window):
+            return "causal"  # slot s holds position s (no wrap); window never binds
+        offs = mx.array(o, mx.int32)[:, None]
         s = mx.arange(used)[None]
         last = offs + length - 1
         slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
