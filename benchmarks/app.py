@@ -195,6 +195,7 @@ def log(msg: str) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--asr", default="tiny,full-narrow")

@@ -30,6 +30,7 @@ importable (benchmarks/server.py reuses it).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -139,6 +140,7 @@ def bench_nemotron(folder: Path, config: str, dtype: mx.Dtype, sizes: list[int],
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["voxtral", "nemotron", "both"], default="both")
     ap.add_argument("--config", choices=["tiny", "full-narrow"], default="full-narrow")

@@ -18,6 +18,7 @@ calls); bf16 uses MLX's own GEMM, where 8 rows cost ~0.54x of 8 single calls.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -137,6 +138,7 @@ def components(folder: Path, config: str, dtype: mx.Dtype, reps: int, fill: int)
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(vb.CONFIGS), default="full-narrow")
     ap.add_argument("--dtype", choices=sorted(vb.DTYPES), default="float32")

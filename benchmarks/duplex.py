@@ -39,6 +39,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -384,6 +385,7 @@ def make_sides(folder: Path, kw: dict, dtype, peer: bool) -> list:
 
 
 def main():
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="mid")
     ap.add_argument("--layers", type=int, help="temporal transformer layers (config default)")

@@ -90,6 +90,7 @@ def fmt(ms: np.ndarray) -> str:
 
 
 def main():
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=20)
     ap.add_argument("--model", type=Path)

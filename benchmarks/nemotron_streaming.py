@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -315,6 +316,7 @@ def run_peer(folder: Path, x: np.ndarray, modes: list[int], ours: dict[int, dict
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=sorted(CONFIGS), default="full-narrow")
     ap.add_argument("--layers", type=int, default=None)

@@ -15,6 +15,7 @@ numbers as the size of the rounding each setting adds, not as word error rates. 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -92,6 +93,7 @@ def vr_mid(tmp: Path) -> Path:
 
 
 def main(argv=None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bits", type=int, nargs="+", default=[8, 4])
     ap.add_argument("--group-size", type=int, default=64)

@@ -45,6 +45,7 @@ import gc
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -576,6 +577,7 @@ def print_row(r: dict, base: dict, flush=False) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=["short", "mid"], default="short")
     ap.add_argument("--families", default=",".join(FAMILIES))

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import socket
 import statistics
 import sys
@@ -276,6 +277,7 @@ def bench_peer(folder: Path, streams: list[int], seconds: float) -> dict[int, bo
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--client"]:
         return client_main(argv[1], argv[2], int(argv[3]), float(argv[4]))

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -155,6 +156,7 @@ def tick_shares(app_engine, url: str, pcm: np.ndarray, n: int) -> tuple[float, f
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     import mlx_speech
     from mlx_speech.models.silero_vad import load_vad
     from mlx_speech.server import make_app

@@ -16,6 +16,7 @@ Numbers only; no assertions.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -82,6 +83,7 @@ def ort_stream(sess, n: int, rng):
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4,16,64")
     ap.add_argument("--steps", type=int, default=100)

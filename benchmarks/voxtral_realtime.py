@@ -28,6 +28,7 @@ import gc
 import itertools
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -382,6 +383,7 @@ def report(ours: Result, peer: Result | None, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="full-narrow")
     ap.add_argument("--enc-layers", type=int)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -199,6 +200,7 @@ def bench_peer(model, ids: list[int], frames: int, steps: int) -> dict:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     ap.add_argument("--frames", type=int, default=24)

@@ -6,8 +6,8 @@
 torch.save files (.pt .pth .ckpt .bin) are read without torch. A file holding
 a bare tensor (a Voxtral TTS voice) is saved under the key "embedding"; a
 state dict or nested dict keeps its names, joined with dots. dtypes (bf16
-included) are kept, except float64, which MLX cannot load and is stored as
-float32. Converting the same file twice gives identical bytes.
+included) are kept, except float64, which MLX cannot load (nor compute with on a
+GPU) and is stored as float32. Converting the same file twice gives identical bytes.
 """
 
 from __future__ import annotations
@@ -25,18 +25,22 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def torch_tensors(src: str | Path) -> dict:
-    """The tensors of a torch.save file, by name: a bare tensor becomes "embedding"."""
+def torch_tensors(src: str | Path, float64: list[str] | None = None) -> dict:
+    """The tensors of a torch.save file, by name: a bare tensor becomes "embedding".
+
+    float64 tensors come back as float32; their names are appended to `float64` if given."""
     import mlx.core as mx
 
     from mlx_speech.torchfile import flatten_tensors, load_torch
 
-    obj = load_torch(src)
-    if isinstance(obj, mx.array):
-        return {"embedding": obj}
-    tensors = flatten_tensors(obj)
+    narrowed: list = []
+    obj = load_torch(src, narrowed=narrowed)
+    tensors = {"embedding": obj} if isinstance(obj, mx.array) else flatten_tensors(obj)
     if not tensors:
         raise CheckpointError(f"{src} holds no tensors")
+    if float64 is not None:
+        ids = {id(a) for a in narrowed}
+        float64.extend(k for k, v in tensors.items() if id(v) in ids)
     return tensors
 
 
@@ -88,14 +92,11 @@ def save_safetensors(path: str | Path, tensors: dict, metadata: dict | None = No
 
 
 def convert_torch_file(src: Path, dst: Path) -> Path:
-    import mlx.core as mx
-
-    tensors = torch_tensors(src)
-    f64 = [k for k, v in tensors.items() if v.dtype == mx.float64]
-    if f64:  # valid safetensors, but mx.load cannot read F64
+    f64: list[str] = []
+    tensors = torch_tensors(src, float64=f64)
+    if f64:
         log(f"{src.name}: storing {len(f64)} float64 tensor(s) as float32 "
             f"({', '.join(f64[:3])}{', ...' if len(f64) > 3 else ''})")
-        tensors.update({k: tensors[k].astype(mx.float32) for k in f64})
     save_safetensors(dst, tensors)
     return dst
 

@@ -12,6 +12,9 @@ before it is built, so loading never runs code from the file.
 
     obj = load_torch("voice.pt")          # tensors come back as mx.array
     flat = flatten_tensors(obj)           # {"layers.0.weight": mx.array, ...}
+
+float64 tensors come back as float32, cast in numpy: MLX's GPU backends refuse any
+operation on a float64 array, so none is ever created.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import numpy as np
 
 from .errors import CheckpointError
 
-# (numpy dtype used to read the bytes, mlx dtype of the result); bf16 is read as uint16
+# (numpy dtype used to read the bytes, mlx dtype of the result); bf16 is read as uint16,
+# float64 is narrowed to float32 in numpy (see the module docstring)
 _BF16 = (np.dtype(np.uint16), mx.bfloat16)
 _BY_STORAGE = {  # legacy typed-storage class names, still what torch 2.x writes
     "FloatStorage": (np.dtype(np.float32), mx.float32),
     "HalfStorage": (np.dtype(np.float16), mx.float16),
     "BFloat16Storage": _BF16,
-    "DoubleStorage": (np.dtype(np.float64), mx.float64),
+    "DoubleStorage": (np.dtype(np.float64), mx.float32),
     "LongStorage": (np.dtype(np.int64), mx.int64),
     "IntStorage": (np.dtype(np.int32), mx.int32),
     "ShortStorage": (np.dtype(np.int16), mx.int16),
@@ -98,6 +102,7 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.archive = archive
         self.storages: dict[str, _Storage] = {}
+        self.narrowed: list[mx.array] = []  # tensors stored as float64
 
     def find_class(self, module: str, name: str):
         if module == "torch._utils":
@@ -173,6 +178,10 @@ class _Unpickler(pickle.Unpickler):
         arr = view.copy().astype(np_dtype.newbyteorder("="), copy=False)
         if mx_dtype == mx.bfloat16:
             return mx.array(arr).view(mx.bfloat16)
+        if arr.dtype == np.float64:
+            out = mx.array(arr.astype(np.float32))
+            self.narrowed.append(out)
+            return out
         return mx.array(arr, dtype=mx_dtype)
 
 
@@ -238,11 +247,13 @@ def _zip(src, stack: contextlib.ExitStack, name: str | None
         raise CheckpointError(f"{name} is not a torch zip archive{hint}") from None
 
 
-def load_torch(src: str | Path | bytes, *, name: str | None = None) -> object:
+def load_torch(src: str | Path | bytes, *, name: str | None = None,
+               narrowed: list[mx.array] | None = None) -> object:
     """The object a torch.save file holds, with every tensor as an mx.array.
 
     `src` is a path or the file's bytes (`name` labels errors). Containers come back as dict,
-    OrderedDict, list and tuple; bfloat16 stays bfloat16 and strided or offset
+    OrderedDict, list and tuple; bfloat16 stays bfloat16, float64 becomes float32 (the
+    tensors it concerns are appended to `narrowed` when given) and strided or offset
     views (a transpose, a slice, tensors sharing one storage) come back as the
     tensor torch would show. Raises CheckpointError for anything else.
     """
@@ -254,13 +265,16 @@ def load_torch(src: str | Path | bytes, *, name: str | None = None) -> object:
                                   "(no data.pkl)")
         pkl = min(pkls, key=len)  # the top-level one, not a nested archive's
         root = pkl[: -len("data.pkl")]
+        unpickler = _Unpickler(zf.read(pkl), _Archive(zf, buf, root))
         try:
-            obj = _Unpickler(zf.read(pkl), _Archive(zf, buf, root)).load()
+            obj = unpickler.load()
         except CheckpointError as e:
             raise CheckpointError(f"cannot read {name}: {e}") from None
         except (pickle.UnpicklingError, AttributeError, EOFError, ImportError, IndexError,
                 KeyError, TypeError, ValueError, struct.error, zipfile.BadZipFile) as e:
             raise CheckpointError(f"cannot read {name}: {e}") from None
+        if narrowed is not None:
+            narrowed.extend(unpickler.narrowed)
         return obj
 
 

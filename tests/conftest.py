@@ -1,14 +1,21 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
-import numpy as np
-import pytest
+# Float32 results are compared with CPU-made goldens: no TF32 on CUDA / new Macs (MLX reads
+# this once, at its first float32 matmul). `MLX_ENABLE_TF32=1 pytest` runs with TF32 on.
+TF32_SET_BY_CALLER = "MLX_ENABLE_TF32" in os.environ
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
-from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
-from tests.pulse import pulse  # noqa: F401  (the PulseAudio device fixture)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.gpu_emulation import gpu_order, gpu_rope, no_float64  # noqa: E402, F401
+from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken  # noqa: E402
+from tests.pulse import pulse  # noqa: E402, F401  (the PulseAudio device fixture)
 
 GOLDEN = Path(__file__).parent / "golden" / "voxtral_realtime"
 

@@ -10,6 +10,7 @@ import pytest
 
 import mlx_speech
 from mlx_speech.errors import MlxSpeechError
+from mlx_speech.models.nemotron_streaming import batch as nemotron_batch
 from mlx_speech.models.nemotron_streaming import load as load_nemotron
 from tests.conftest import make_voxtral_checkpoint, speechlike
 
@@ -90,8 +91,9 @@ def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
         assert text.strip() == ref.text
 
 
-def test_voxtral_batched_reanchoring(tmp_path, vr_model):
-    """Limits just above window + chunk: rows re-anchor at different steps."""
+def test_voxtral_batched_reanchoring(tmp_path, vr_model, gpu_rope):
+    """Limits just above window + chunk: rows re-anchor at different steps. RoPE computes
+    positions as the GPU kernels do (a negative one would wrap, tests/gpu_emulation.py)."""
     small = mlx_speech.load(make_voxtral_checkpoint(
         tmp_path / "small", "mistral", model_max_length=80,
         **{"multimodal/whisper_model_args/encoder_args/max_source_positions": 28}))
@@ -162,15 +164,21 @@ def test_nemotron_feed_many_equals_alone(nm):
     assert sum(len(s.token_ids) for s in sessions) > 20
 
 
-def test_nemotron_live_sessions_joining_late(nm, monkeypatch):
+@pytest.mark.parametrize("pad", [False, True])
+def test_nemotron_live_sessions_joining_late(nm, monkeypatch, pad):
     """80 ms frames per tick, staggered joins: caches at different fill levels share
-    encoder calls (left-padded, masked)."""
+    encoder calls (left-padded, masked). `pad`: batches padded to powers of two (the GPU
+    default, for shapes the backend's graph caches reuse)."""
     starts, secs = [0, 3, 7, 12, 20], [3.0, 2.5, 1.2, 2.8, 1.5]
     specs = [(speechlike(t, seed=10 + k), [1280], t0, {"latency_ms": 160})
              for k, (t0, t) in enumerate(zip(starts, secs, strict=True))]
+    monkeypatch.setattr(nemotron_batch, "PAD_BATCH", pad)
     sizes = _encoder_batches(monkeypatch, nm.model)
     sessions, _ = _drive(nm, specs)
-    assert max(sizes) >= 3
+    if pad:
+        assert set(sizes) <= {1, 2, 4, 8} and 4 in sizes  # 3 sessions: one padded row
+    else:
+        assert max(sizes) >= 3 and 3 in sizes
     monkeypatch.undo()
     for (audio, _, _, kw), s in zip(specs, sessions, strict=True):
         ref = nm.transcribe(audio, **kw)

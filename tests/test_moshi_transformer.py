@@ -78,6 +78,28 @@ def test_ring_semantics_differ_from_offline_once_full():
     assert _err(mx.array(g["stream1"]), g["offline"]) < TOL
 
 
+def test_masks_take_the_forms_fused_kernels_take():
+    """A ring wider than the window: no mask while a query sees every slot, "causal" while the
+    window does not bind, else the boolean mask; the stream still equals offline."""
+    model, g = _load("mimi")
+    ctx = model.cfg.context
+    st = model.make_state(batch=g["x"].shape[0], capacity=ctx + 3)
+    forms = []
+    for L in (1, 2, 1):
+        m = st.mask(L)
+        forms.append(m if m is None or isinstance(m, str) else "array")
+        st.offset += L
+    assert forms == [None, "causal", None]
+    st.offset = ctx - 1
+    assert st.mask(1) is None and st.mask(2).shape == (2, ctx + 1)
+    st.offset = ctx
+    assert st.mask(1).shape == (1, ctx + 1)
+    x = mx.array(g["x"])
+    st = model.make_state(batch=x.shape[0], capacity=ctx + 3)
+    y = mx.concatenate([model(x[:, i: i + 1], st) for i in range(x.shape[1])], axis=1)
+    assert _err(y, g["offline"]) < TOL
+
+
 def test_state_is_bounded_and_reset_replays():
     model, g = _load("lm")
     x = mx.array(g["x"])

@@ -4,7 +4,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.nn import CausalConv1d, ConvCache, SlidingKVCache, window_mask
+from mlx_speech.nn import (
+    CausalConv1d,
+    ConvCache,
+    RingBatch,
+    RingRow,
+    SlidingKVCache,
+    window_mask,
+)
 
 
 def _attend(q, k, v, mask):
@@ -51,6 +58,76 @@ def test_reanchor_rotates_keys_to_the_lowered_clock():
     assert (cache.offset, cache.rope_offset) == (6, 6 - 90)
     got = cache.keys[:, :, :6]
     np.testing.assert_allclose(np.array(got), np.array(rope(raw, 10)), atol=1e-5)
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+def test_reanchor_under_gpu_rope_arithmetic(gpu_rope, traditional):
+    """The GPU rope kernels wrap negative positions (tests/gpu_emulation.py): re-anchoring
+    lowers the clock without one, for one stream's ring and for a batch of rows."""
+    rng = np.random.default_rng(2)
+    raw = mx.array(rng.standard_normal((3, 2, 6, 8)).astype(np.float32))
+
+    def rope(x, off):
+        return mx.fast.rope(x, 8, traditional=traditional, base=1e4, scale=1.0, offset=off)
+
+    cache = SlidingKVCache(6, 6)  # its (N, 1, D) rotation takes CUDA's general kernel
+    cache.update_and_fetch(rope(raw[:1], 100), raw[:1])
+    cache.reanchor(90, 8, traditional=traditional, base=1e4)
+    np.testing.assert_allclose(np.array(cache.keys[:, :, :6]), np.array(rope(raw[:1], 10)),
+                               atol=1e-5)
+    batch = RingBatch.gather([RingRow(6, 6) for _ in range(3)])  # B >= 2: the general kernel
+    batch.update_and_fetch(rope(raw, mx.array([100, 50, 7])), raw)
+    batch.reanchor([90, 0, 5], 8, traditional=traditional, base=1e4)
+    assert [r.rope_offset for r in batch.rows] == [6 - 90, 6, 6 - 5]
+    np.testing.assert_allclose(np.array(batch.keys[:, :, :6]),
+                               np.array(rope(raw, mx.array([10, 50, 2]))), atol=1e-5)
+    with pytest.raises(ValueError, match="only lowers"):
+        batch.reanchor([1, -1, 0], 8, traditional=traditional, base=1e4)
+
+
+def _window_mask_of(rows, length: int) -> np.ndarray:
+    """The (B, 1, L, S) boolean mask from slot positions, written out in numpy."""
+    cap, window = rows[0].capacity, rows[0].window
+    used = min(cap, max(r.offset for r in rows) + length)
+    out = np.zeros((len(rows), 1, length, used), bool)
+    for b, r in enumerate(rows):
+        for t in range(length):
+            q = r.offset + t
+            for s in range(used):  # the newest position <= the row's last one in slot s
+                last = r.offset + length - 1
+                p = last - ((last - s) % cap) if last >= cap else s
+                out[b, 0, t, s] = 0 <= q - p < window
+    return out
+
+
+def test_ring_batch_mask_takes_the_forms_fused_kernels_take():
+    """None when every query sees every slot in use (decode inside the window), "causal"
+    when rows in step see exactly their earlier positions, else the boolean mask; attention
+    is the same as with the boolean mask in every case."""
+    rng = np.random.default_rng(3)
+    rows = [RingRow(8, 3) for _ in range(3)]  # capacity 10
+    late = RingRow(8, 3)
+    forms = []
+    for step, L in enumerate([2, 1, 1, 1, 1, 1, 1, 1, 3, 1]):
+        group = rows + [late] if step in (4, 5) else rows  # a row out of step, for 2 steps
+        batch = RingBatch.gather(group)
+        expect = _window_mask_of(group, L)
+        mask = batch.make_mask(L)
+        forms.append(mask if mask is None or isinstance(mask, str) else "array")
+        if not isinstance(mask, str) and mask is not None:
+            np.testing.assert_array_equal(np.array(mask), expect)
+        q, k, v = (mx.array(rng.standard_normal((len(group), 2, L, 4)).astype(np.float32))
+                   for _ in range(3))
+        kk, vv = batch.update_and_fetch(k, v)
+        np.testing.assert_allclose(np.array(_attend(q, kk, vv, mask)),
+                                   np.array(_attend(q, kk, vv, mx.array(expect))), atol=1e-6)
+    # the window binds from position 8 on
+    assert forms == ["causal", None, None, None, "array", "array", None, "array", "array",
+                     "array"]
+    single = RingBatch.gather([RingRow(4, 1)])  # capacity == window: never masked at L = 1
+    for _ in range(9):
+        assert single.make_mask(1) is None
+        single.update_and_fetch(mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2)))
 
 
 @pytest.mark.parametrize("stride,sizes", [(1, [1, 3, 2, 7]), (2, [2, 4, 6, 2])])

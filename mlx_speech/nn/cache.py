@@ -5,6 +5,24 @@ from __future__ import annotations
 import mlx.core as mx
 
 
+def rotate_back(x: mx.array, delta: int | mx.array, dims: int, *, traditional: bool,
+                base: float) -> mx.array:
+    """Rotate (..., 1, D) keys by -delta positions (int or one per row, >= 0).
+
+    The GPU rope kernels add an unsigned position to the offset, so a negative
+    offset wraps to ~4.3e9 there; rotating by -d is instead done as conjugate,
+    rotate by +d, conjugate: the second element of every pair flips sign (exact).
+    """
+    half = dims // 2
+    if traditional:
+        sign = mx.array([1.0, -1.0] * half + [1.0] * (x.shape[-1] - dims), x.dtype)
+    else:
+        sign = mx.array([1.0] * half + [-1.0] * half + [1.0] * (x.shape[-1] - dims), x.dtype)
+    y = mx.fast.rope(x * sign, dims, traditional=traditional, base=base, scale=1.0,
+                     offset=delta)
+    return y * sign
+
+
 def window_mask(q_pos: mx.array, k_pos: mx.array, window: int) -> mx.array:
     """Boolean (Lq, Lk) mask: query at q sees key at k iff q - window < k <= q."""
     d = q_pos[:, None] - k_pos[None, :]
@@ -84,13 +102,12 @@ class SlidingKVCache:
         Attention scores depend only on position differences, so every score
         inside the window is unchanged (seed 002's unbounded-session idea).
         """
+        if delta < 0:
+            raise ValueError(f"re-anchoring only lowers the RoPE clock, got delta {delta}")
         if self.keys is not None:
             k = self.keys
-            flat = k.reshape(-1, 1, k.shape[-1])
-            flat = mx.fast.rope(
-                flat, head_dim, traditional=traditional, base=base, scale=1.0,
-                offset=-delta,
-            )
+            flat = rotate_back(k.reshape(-1, 1, k.shape[-1]), delta, head_dim,
+                               traditional=traditional, base=base)
             self.keys = flat.reshape(k.shape)
         self.shift += delta
 
@@ -204,12 +221,19 @@ class RingBatch:
     def rope_offset(self) -> mx.array:
         return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
 
-    def make_mask(self, length: int) -> mx.array:
+    def make_mask(self, length: int) -> mx.array | str | None:
         """(B, 1, L, S) mask for `length` new queries per row, against the slots in
-        use after the write (S = the widest row's)."""
-        cap = self.capacity
-        offs = mx.array([r.offset for r in self.rows], mx.int32)[:, None]
-        used = min(cap, max(r.offset for r in self.rows) + length)
+        use after the write (S = the widest row's). None when every query sees every
+        slot and "causal" when rows in step see exactly their earlier positions: the
+        fused GPU kernels take those (CUDA runs no fused decode step with a mask)."""
+        cap, window = self.capacity, self.window
+        o = [r.offset for r in self.rows]
+        used = min(cap, max(o) + length)
+        if length == 1 and all(x + 1 >= used and min(x + 1, cap) <= window for x in o):
+            return None  # every row wrote every slot in use, all within its window
+        if min(o) == max(o) and o[0] + length <= min(cap, window):
+            return "causal"  # slot s holds position s (no wrap); window never binds
+        offs = mx.array(o, mx.int32)[:, None]
         s = mx.arange(used)[None]
         last = offs + length - 1
         slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
@@ -271,11 +295,13 @@ class RingBatch:
                  base: float) -> None:
         """Lower row b's RoPE clock by deltas[b]: rotate its cached keys by -deltas[b]
         (scores inside the window are unchanged; see SlidingKVCache.reanchor)."""
+        if min(deltas) < 0:
+            raise ValueError(f"re-anchoring only lowers the RoPE clock, got deltas {deltas}")
         if self.keys is not None:
             k = self.keys
-            flat = k.reshape(k.shape[0], -1, 1, k.shape[-1])
-            flat = mx.fast.rope(flat, head_dim, traditional=traditional, base=base, scale=1.0,
-                                offset=-mx.array(deltas, mx.int32))
+            flat = rotate_back(k.reshape(k.shape[0], -1, 1, k.shape[-1]),
+                               mx.array(deltas, mx.int32), head_dim,
+                               traditional=traditional, base=base)
             self.keys = flat.reshape(k.shape)
         for r, d in zip(self.rows, deltas, strict=True):
             r.shift += d

@@ -159,10 +159,13 @@ class TransformerState:
         for c in self.layers:
             c.offset = 0
 
-    def mask(self, length: int) -> mx.array | None:
-        """Boolean (length, used slots) mask for the next `length` queries; None if all visible."""
-        if length == 1 and self.window >= self.capacity:
+    def mask(self, length: int) -> mx.array | str | None:
+        """Boolean (length, used slots) mask for the next `length` queries; None if all visible,
+        "causal" if the window does not bind yet (the forms the fused GPU kernels take)."""
+        if length == 1 and min(self.offset + 1, self.capacity) <= self.window:
             return None
+        if self.offset + length <= min(self.capacity, self.window):
+            return "causal"
         q = mx.arange(self.offset, self.offset + length)
         end = self.offset + length
         if end <= self.capacity:

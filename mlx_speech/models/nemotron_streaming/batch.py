@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 
 MAX_MEL_PER_CALL = 800  # bounds one encoder call (a big feed is split): 8 s of audio
 CLEAR_CACHE_EVERY = 256
+# Pad a group to a power of two with copies of its first row (dropped after the step): GPU
+# backends build a cuDNN graph per input shape (attention, convolutions), so a server's changing
+# session count then reuses a few shapes. On the CPU a padded row costs a real one: None = GPU only.
+PAD_BATCH: bool | None = None
+
+
+def _padded(n: int) -> int:
+    on = PAD_BATCH if PAD_BATCH is not None else mx.default_device().type == mx.DeviceType.gpu
+    return 1 << (n - 1).bit_length() if on else n
 
 
 def _len(a: mx.array | None) -> int:
@@ -188,15 +197,19 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
 def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray],
           final: bool) -> list[str]:
     m = owner.model
-    st = _stack_encoder([s.enc_state for s in group])
+    n = len(group)
+    pad = _padded(n) - n  # padded rows repeat row 0; their outputs are dropped
+    st = _stack_encoder([s.enc_state for s in group] + [group[0].enc_state] * pad)
     offset = st.offset
-    chunk = mx.array(np.stack(mels)).astype(m.dtype)
+    chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
     x = m.encoder_projector(m.encoder(chunk, state=st, final=final))
     mx.eval(x, st.arrays())
     _split_encoder(st, [s.enc_state for s in group], offset)
     if x.shape[1] == 0:
-        return [""] * len(group)
-    toks, where, dec = greedy_decode(m, x, _stack_decoder([s.dec_state for s in group]))
+        return [""] * n
+    dec_in = [s.dec_state for s in group] + [group[0].dec_state] * pad
+    toks, where, dec = greedy_decode(m, x, _stack_decoder(dec_in))
+    toks, where = toks[:n], where[:n]
     out = []
     for s, tk, wh, d in zip(group, toks, where, _split_decoder(dec, [s.dec_state for s in group]),
                             strict=True):
