@@ -94,13 +94,15 @@ class Cli:
 
 def _expected_live_text(model, audio: np.ndarray) -> str:
     """What transcribe --live prints for these blocks: the same loop, in process."""
-    session, out = model.session(), []
+    session, lines, line = model.session(), [], ""
     for i in range(0, len(audio), BLOCK):
-        out.append(session.feed(audio[i:i + BLOCK]))
+        line += session.feed(audio[i:i + BLOCK])
         if session.done:
-            out.append("\n")
-            session = model.session()
-    return "".join(out) + session.finish() + "\n"
+            lines.append(line)
+            session, line = model.session(), ""
+    lines.append(line + session.finish())
+    # a line starts at its first non-space character; a session that said nothing prints nothing
+    return "".join(t.lstrip() + "\n" for t in lines if t.strip())
 
 
 def _fed(x: np.ndarray) -> np.ndarray:
