@@ -50,13 +50,20 @@ def wheel_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def vad(wheel_dir) -> SileroVAD:  # the wheel's silero_vad_16k.safetensors (the default)
-    return load_vad()
+def vad(wheel_dir) -> SileroVAD:  # the wheel's silero_vad_16k.safetensors (a port's weights)
+    return load_vad(wheel_dir / "silero_vad_16k.safetensors")
 
 
 @pytest.fixture(scope="module")
 def vad_release(wheel_dir) -> SileroVAD:  # Silero's v6.2 release weights, from its ONNX
     return load_vad(wheel_dir / "silero_vad.onnx")
+
+
+def test_the_default_is_silero_release_model(vad_release, wheel_dir):
+    """load_vad() is the wheel's silero_vad.onnx (what Silero's JIT, pipecat and LiveKit run),
+    not its safetensors, which holds another checkpoint (snakers4/silero-vad#768)."""
+    assert wheel_weights() == wheel_dir / "silero_vad.onnx"
+    _same(vad_release, load_vad())
 
 
 def clip(name: str) -> np.ndarray:
@@ -277,7 +284,7 @@ def _mlx_community(onnx: Path, dest: Path, drop: str = "", add: str = "") -> Pat
 
 
 def test_loads_every_layout(vad, vad_release, wheel_dir, tmp_path):
-    _same(vad, load_vad(wheel_dir))  # a folder holding Silero's file
+    _same(vad_release, load_vad(wheel_dir))  # a folder holding Silero's files
     _same(vad, load_vad(wheel_dir / "silero_vad_16k.safetensors"))
     community = _mlx_community(wheel_dir / "silero_vad.onnx", tmp_path / "community")
     _same(vad_release, load_vad(community))

@@ -1,13 +1,16 @@
 """Silero VAD (v5 / v6, 16 kHz) in MLX: a speech probability per 32 ms frame, streaming.
 
     from mlx_speech.models.silero_vad import load_vad
-    vad = load_vad()                        # the `silero-vad` wheel's weights (no torch)
+    vad = load_vad()                        # the `silero-vad` wheel's release model (no torch)
     state = vad.make_state(batch=2)
     probs, state = vad(audio, state)        # audio (2, n * 512) float32 16 kHz -> (2, n)
     mx.eval(probs, *state.arrays())
 
-Weights, read without torch: the `silero-vad` wheel's `data/silero_vad_16k.safetensors`
-(`pip install --no-deps silero-vad`), a local `.safetensors` file or folder, a hub repo
+Weights, read without torch: by default the `silero-vad` wheel's `data/silero_vad.onnx`
+(`pip install --no-deps silero-vad`): Silero's v6.2 release, the network its JIT model, pipecat
+and LiveKit run. The wheel's `silero_vad_16k.safetensors` holds different weights (a port's,
+snakers4/silero-vad#768) and is used only when the .onnx is absent or when passed. Also: a
+local `.safetensors` / `.onnx` file or folder, a hub repo
 (mlx-community's `silero-vad` / `silero-vad-v6` layout), or our converted layout. Only the
 16 kHz network is implemented (Silero's 8 kHz branch is not).
 """
@@ -33,9 +36,10 @@ __all__ = ["CONTEXT", "FRAME", "SAMPLE_RATE", "SileroVAD", "VADState", "frame_pr
            "load_vad", "weight_patterns", "wheel_weights"]
 
 MODEL_TYPE = "silero_vad"
-WHEEL_FILE = "silero_vad/data/silero_vad_16k.safetensors"
-_HOW = ("`pip install --no-deps silero-vad` (ships silero_vad_16k.safetensors; --no-deps: "
-        "the file needs no torch), or pass a .safetensors file, a folder or a hub repo id")
+WHEEL_FILE = "silero_vad/data/silero_vad.onnx"  # Silero's release model
+WHEEL_PORT = "silero_vad/data/silero_vad_16k.safetensors"  # a port's weights (#768)
+_HOW = ("`pip install --no-deps silero-vad` (ships Silero's model files; --no-deps: "
+        "they need no torch), or pass a .onnx or .safetensors file, a folder or a hub repo id")
 
 
 def weight_patterns(folder: Path) -> list[str]:
@@ -43,19 +47,21 @@ def weight_patterns(folder: Path) -> list[str]:
 
 
 def wheel_weights() -> Path:
-    """The installed `silero-vad` wheel's 16 kHz safetensors, found without importing it
-    (its package imports torch)."""
+    """The installed `silero-vad` wheel's release model (`silero_vad.onnx`; its
+    `silero_vad_16k.safetensors` if a build lacks it), found without importing the package
+    (it imports torch)."""
     from importlib import metadata
 
     try:
         dist = metadata.distribution("silero-vad")
     except metadata.PackageNotFoundError:
         raise CheckpointError(f"no Silero VAD weights found: {_HOW}") from None
-    f = Path(str(dist.locate_file(WHEEL_FILE)))
-    if not f.is_file():
-        raise CheckpointError(f"the installed silero-vad {dist.version} has no {WHEEL_FILE} "
-                              "(older releases lack it): `pip install --no-deps -U silero-vad`")
-    return f
+    for name in (WHEEL_FILE, WHEEL_PORT):
+        f = Path(str(dist.locate_file(name)))
+        if f.is_file():
+            return f
+    raise CheckpointError(f"the installed silero-vad {dist.version} has no {WHEEL_FILE} "
+                          "(older releases lack it): `pip install --no-deps -U silero-vad`")
 
 
 def _folder_file(folder: Path) -> Path:
@@ -68,8 +74,10 @@ def _folder_file(folder: Path) -> Path:
         kind = read_json(cfg).get("model_type")
         if kind != MODEL_TYPE:
             raise CheckpointError(f"{folder} holds a {kind!r} model, not {MODEL_TYPE}")
-    elif (folder / Path(WHEEL_FILE).name).is_file():
-        return folder / Path(WHEEL_FILE).name
+    else:
+        for name in (WHEEL_FILE, WHEEL_PORT):  # Silero's own folder (the wheel's data/)
+            if (folder / Path(name).name).is_file():
+                return folder / Path(name).name
     files = sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
         what = "no" if not files else f"{len(files)}"
@@ -98,7 +106,7 @@ def load_vad(path: str | os.PathLike | None = None, *, dtype: mx.Dtype | None = 
              quantize: int | None = None, group_size: int | None = None) -> SileroVAD:
     """Silero VAD, strictly (every key mapped, none missing) and memory-mapped.
 
-    `path`: None for the installed `silero-vad` wheel's `silero_vad_16k.safetensors`; else a
+    `path`: None for the installed `silero-vad` wheel's release model; else a
     `.safetensors` file, one of Silero's `.onnx` models (read without onnx / onnxruntime; the
     wheel's `silero_vad.onnx` is Silero's v6.2 release, which its JIT model shares and its
     safetensors does not), a folder (our converted layout, mlx-community's, or one holding
