@@ -442,7 +442,8 @@ class App:
         s = self.settings
         # the session is queued before the first block (it waits behind a model load)
         self.engine.begin(sid, s.asr_model, {"delay_ms": s.delay_ms,
-                                             "latency_ms": s.latency_ms})
+                                             "latency_ms": s.latency_ms,
+                                             "stop_after_silence_ms": s.handsfree_stop_ms})
         try:
             self.ports.microphone.open(lambda block: self._on_block(sid, block))
         except Exception as e:
@@ -773,6 +774,8 @@ class App:
             self._set(toggle=arg)
         elif name == "unload_after":
             self._set(unload_after_min=int(arg))
+        elif name == "handsfree_stop":
+            self._set(handsfree_stop_ms=int(arg))
         elif name == "delay_ms":
             self._set(delay_ms=int(arg) if arg else None)
         elif name == "latency_ms":

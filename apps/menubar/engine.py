@@ -27,6 +27,7 @@ from .events import (
     SpeakDone,
     SpeakFailed,
     SpeakStarted,
+    SpeechEnded,
 )
 
 PROGRESS_EVERY = 0.25  # seconds between download progress events
@@ -36,11 +37,40 @@ class Stopping(Exception):
     """Raised inside a download or a TTS stream when the engine is shutting down."""
 
 
+class SilenceStop:
+    """A dictation's end of speech, for hands-free: the Silero VAD over its 16 kHz audio, in
+    whole 32 ms frames; `push` is True once speech was heard and then `silence_ms` of silence
+    (OpenAI's server_vad rule, `mlx_speech.audio.turns`). Runs on the engine thread."""
+
+    def __init__(self, vad, silence_ms: int):
+        from mlx_speech.audio.turns import TurnConfig, TurnDetector
+
+        self.vad, self.state = vad, vad.make_state(1)
+        self.detector = TurnDetector(TurnConfig(silence_duration_ms=silence_ms,
+                                                prefix_padding_ms=0))
+        self.rest = np.zeros(0, np.float32)  # the samples of a frame not yet whole
+
+    def push(self, samples: np.ndarray) -> bool:
+        import mlx.core as mx
+
+        from mlx_speech.audio.turns import FRAME, SpeechStopped
+
+        x = np.concatenate([self.rest, np.asarray(samples, np.float32).reshape(-1)])
+        n = len(x) // FRAME * FRAME
+        self.rest = x[n:]
+        if not n:
+            return False
+        probs, self.state = self.vad(mx.array(x[None, :n]), self.state)
+        mx.eval(probs, *self.state.arrays())
+        return any(isinstance(e, SpeechStopped) for e in self.detector.push(np.array(probs[0])))
+
+
 @dataclass
 class _Session:
     session: object
     keep_audio: bool
     audio: list = field(default_factory=list)
+    silence: SilenceStop | None = None  # hands-free's end of speech; None: off, or said
 
 
 def default_load(folder: str):
@@ -49,12 +79,20 @@ def default_load(folder: str):
     return mlx_speech.load(folder)
 
 
+def default_vad():
+    """The Silero VAD (the silero-vad wheel's weights); a CheckpointError says how to get it."""
+    from mlx_speech.models.silero_vad import load_vad
+
+    return load_vad()
+
+
 class Engine:
     def __init__(self, emit: Callable[[object], None], *, store=None,
                  load: Callable[[str], object] = default_load,
                  speaker_factory: Callable[[], object] | None = None,
-                 keep_audio: bool = False):
+                 keep_audio: bool = False, vad: Callable[[], object] | None = default_vad):
         self.emit = emit
+        self._vad_loader, self._vad = vad, None  # loaded at the first dictation that needs it
         self.store = store if store is not None else HubStore()
         self._loader = load
         self.speaker_factory = speaker_factory
@@ -247,8 +285,25 @@ class Engine:
 
     def _begin(self, sid: int, model_id: str, options: dict) -> None:
         model = self._ensure("asr", model_id)
-        self.sessions[sid] = _Session(model.session(**_session_kwargs(model, options)),
-                                      self.keep_audio)
+        s = _Session(model.session(**_session_kwargs(model, options)), self.keep_audio)
+        silence_ms = options.get("stop_after_silence_ms") or 0
+        if silence_ms > 0 and getattr(model, "sample_rate", 16000) == 16000:
+            vad = self._silence_vad()
+            if vad is not None:
+                s.silence = SilenceStop(vad, silence_ms)
+        self.sessions[sid] = s
+
+    def _silence_vad(self):
+        """The VAD for hands-free stops, loaded once; without weights, hands-free runs until a
+        tap (said once on stderr, the app's log)."""
+        if self._vad is None and self._vad_loader is not None:
+            loader, self._vad_loader = self._vad_loader, None
+            try:
+                self._vad = loader()
+            except Exception as e:  # noqa: BLE001 - a missing VAD must not fail dictation
+                print(f"note: hands-free dictation stops only on a tap: no voice activity "
+                      f"detector ({e})", file=sys.stderr)
+        return self._vad
 
     def _feed(self, sid: int, samples: np.ndarray) -> None:
         s = self.sessions.get(sid)
@@ -259,6 +314,9 @@ class Engine:
         delta = s.session.feed(samples)
         if delta:
             self.emit(Partial(sid, delta))
+        if s.silence is not None and s.silence.push(samples):
+            s.silence = None  # said once: the core ends a hands-free dictation, or ignores it
+            self.emit(SpeechEnded(sid))
 
     def _finish(self, sid: int) -> None:
         s = self.sessions.pop(sid, None)

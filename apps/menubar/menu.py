@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .settings import (
     ASR_MODELS,
     DELAY_CHOICES,
+    HANDSFREE_STOP_CHOICES,
     LATENCY_CHOICES,
     TOGGLES,
     TTS_MODELS,
@@ -184,6 +185,9 @@ def present(v) -> Menu:
         MenuItem("Hands-free by", children=tuple(
             MenuItem(t.replace("_", "-"), f"toggle:{t}", checked=s.toggle == t)
             for t in TOGGLES)),
+        MenuItem("Hands-free stops after silence", children=tuple(
+            MenuItem(f"{ms / 1000:g} s" if ms else "never (tap to stop)", f"handsfree_stop:{ms}",
+                     checked=s.handsfree_stop_ms == ms) for ms in HANDSFREE_STOP_CHOICES)),
         MenuItem("Voxtral delay", children=(
             MenuItem("Model default", "delay_ms:", checked=s.delay_ms is None),
             *(MenuItem(f"{d} ms", f"delay_ms:{d}", checked=s.delay_ms == d)

@@ -27,6 +27,7 @@ TTS_MODELS = (
 )
 TOGGLES = ("tap", "double_tap")
 UNLOAD_CHOICES = (5, 10, 30, 0)  # minutes; 0 = keep loaded
+HANDSFREE_STOP_CHOICES = (1000, 2000, 3000, 5000, 0)  # ms of silence; 0 = only a tap stops
 DELAY_CHOICES = (240, 480, 960)  # Voxtral transcription delay (ms)
 LATENCY_CHOICES = (80, 160, 560, 1120)  # Nemotron latency mode (ms)
 
@@ -52,6 +53,9 @@ class Settings:
     # the clipboard goes back this long after Cmd-V (more for long text): slow apps read it late
     restore_delay_ms: int = 1000
     silent_after_s: float = 4.0  # warn when the microphone gives only silence this long
+    # hands-free dictation ends by itself once the speaker has been silent this long (the
+    # Silero VAD); 0 = only a tap ends it
+    handsfree_stop_ms: int = 2000
     unload_after_min: int = 10  # 0 = never
     preload_asr: bool = True
     recent_size: int = 10
