@@ -60,7 +60,8 @@ def _one_error_line(capsys, rc: int) -> str:
 
 
 def test_the_optional_modules_are_read_from_the_code():
-    assert {"fastapi", "uvicorn", "sphn", "sounddevice", "PIL", "platformdirs", "AppKit"} <= OPTIONAL
+    assert {"fastapi", "uvicorn", "sphn", "sounddevice", "PIL", "platformdirs",
+            "AppKit"} <= OPTIONAL
     assert not OPTIONAL & {"numpy", "mlx", "soundfile", "regex", "yaml", "huggingface_hub"}
 
 
