@@ -405,6 +405,24 @@ def test_model_step_failure_is_an_error_event(srv, models, client, monkeypatch):
     assert joined == models["nm"].transcribe(pcm.astype(np.float32) / 32768).text
 
 
+def test_a_failed_stream_takes_appends_until_its_error_arrives():
+    """The engine fails a stream on its thread and its error reaches the client through the
+    event loop; appends the loop reads in between are taken quietly, so no error of the
+    connection's own overtakes the stream's (the client sees processing_error first)."""
+    from types import SimpleNamespace
+
+    from mlx_speech.server.engine import AsrStream, BufferFull, Engine
+
+    events = []
+    s = AsrStream(Engine(), SimpleNamespace(sample_rate=16000), None, events.append, 16000)
+    s.fail("processing_error", "model step failed: out of memory")
+    s.push(np.zeros(1280, np.float32))
+    assert events == [("error", "processing_error", "model step failed: out of memory")]
+    s.end()  # what the client ended itself still refuses audio, at once
+    with pytest.raises(BufferFull):
+        s.push(np.zeros(1280, np.float32))
+
+
 def test_engine_death_fails_open_sessions_and_health(models):
     """A dead engine thread: every open session gets an error event, /health is 503 and new
     requests are refused, instead of clients hanging (vLLM's and mlx-lm's failures)."""

@@ -80,8 +80,10 @@ class _Stream:
         self.finished = False
 
     def push(self, samples: np.ndarray) -> None:
-        if self.closed or self.finished or self.end_requested:
+        if self.closed or self.end_requested:
             raise BufferFull("this stream has ended; start a new one")
+        if self.finished:  # failed on the engine thread: its error event, on its way to the
+            return  # client, says so; an error of our own now would overtake it
         self.input.push(samples)
         self.engine.wake()
 
