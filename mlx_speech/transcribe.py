@@ -204,16 +204,9 @@ class LiveLines:
                 self._end_line()
                 self.session = self.model.session(**self.mode)
             return
-        import mlx.core as mx
-        import numpy as np
-
         self.turns.push(block)
-        frames = self.turns.frames()
-        if not len(frames):
-            return
-        probs, self.vad_state = self.vad(mx.array(frames.reshape(1, -1)), self.vad_state)
-        mx.eval(probs, *self.vad_state.arrays())
-        for a in self.turns.step(np.array(probs[0])):
+        actions, self.vad_state = self.turns.run_vad(self.vad, self.vad_state)
+        for a in actions:
             if a[0] == "start":
                 self.session = self.model.session(**self.mode)
                 self.line_start = a[1] / 16000

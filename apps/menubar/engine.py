@@ -43,26 +43,16 @@ class SilenceStop:
     (OpenAI's server_vad rule, `mlx_speech.audio.turns`). Runs on the engine thread."""
 
     def __init__(self, vad, silence_ms: int):
-        from mlx_speech.audio.turns import TurnConfig, TurnDetector
+        from mlx_speech.audio.turns import TurnAudio, TurnConfig, TurnDetector
 
         self.vad, self.state = vad, vad.make_state(1)
-        self.detector = TurnDetector(TurnConfig(silence_duration_ms=silence_ms,
-                                                prefix_padding_ms=0))
-        self.rest = np.zeros(0, np.float32)  # the samples of a frame not yet whole
+        self.turns = TurnAudio(TurnDetector(TurnConfig(silence_duration_ms=silence_ms,
+                                                       prefix_padding_ms=0)))
 
     def push(self, samples: np.ndarray) -> bool:
-        import mlx.core as mx
-
-        from mlx_speech.audio.turns import FRAME, SpeechStopped
-
-        x = np.concatenate([self.rest, np.asarray(samples, np.float32).reshape(-1)])
-        n = len(x) // FRAME * FRAME
-        self.rest = x[n:]
-        if not n:
-            return False
-        probs, self.state = self.vad(mx.array(x[None, :n]), self.state)
-        mx.eval(probs, *self.state.arrays())
-        return any(isinstance(e, SpeechStopped) for e in self.detector.push(np.array(probs[0])))
+        self.turns.push(samples)
+        actions, self.state = self.turns.run_vad(self.vad, self.state)
+        return any(a[0] == "stop" for a in actions)
 
 
 @dataclass

@@ -355,6 +355,19 @@ class TurnAudio:
         self._trim()
         return out + [("stop", end)]
 
+    def run_vad(self, vad, state):
+        """A lone stream's step: `vad` (a Silero VAD, `state` its VADState for one stream) over
+        the frames it has not seen; (actions as `step` gives them, the new state). Evaluates
+        (the caller owns this MLX thread); a server batches streams instead (server/turns.py)."""
+        frames = self.frames()
+        if not len(frames):
+            return [], state
+        import mlx.core as mx
+
+        probs, state = vad(mx.array(frames.reshape(1, -1)), state)
+        mx.eval(probs, *state.arrays())
+        return self.step(np.array(probs[0])), state
+
     def clear(self) -> None:
         """Forget the open turn and everything pushed so far."""
         self.detector.clear()
