@@ -108,6 +108,21 @@ def pcm16(x: np.ndarray) -> np.ndarray:
     return np.round(np.clip(x, -1, 1) * 32767).astype("<i2")
 
 
+def check_exact_wav(wav: bytes, want: np.ndarray) -> None:
+    """A whole WAV whose RIFF and data sizes are exact: Python's `wave` and soundfile read the
+    true length, and the samples are `want` within 1 LSB."""
+    import wave
+
+    assert wav[:4] == b"RIFF" and int.from_bytes(wav[4:8], "little") == len(wav) - 8
+    with wave.open(io.BytesIO(wav)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() == len(want)
+        got = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.int32)
+    info = sf.info(io.BytesIO(wav))
+    assert info.frames == len(want) and info.samplerate == 24000
+    assert len(got) == len(want) and np.abs(got - want).max() <= 1
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
 
@@ -164,8 +179,8 @@ def test_speech_bytes_equal_generate(client, models, srv):
         got = create(model="tts", input=text, voice="casual_male", response_format=fmt,
                      extra_body={"seed": 7, "max_frames": 24}).content
         assert got == encode_audio(ref, 24000, fmt), fmt
-    # pcm, wav, opus and SSE stream as frames are decoded (4, then 16 frames a chunk):
-    # streamed codec chunks equal the whole decode to float rounding, so within 1 LSB
+    # pcm, opus, SSE (and wav with stream: true) stream as frames are decoded (4 frames a
+    # chunk): streamed codec chunks equal the whole decode to float rounding, so within 1 LSB
     want = pcm16(ref).astype(np.int32)
     with client.audio.speech.with_streaming_response.create(
             model="tts", input=text, voice="casual_male", response_format="pcm",
@@ -175,7 +190,15 @@ def test_speech_bytes_equal_generate(client, models, srv):
     assert len(parts) > 1 and len(got) == len(want) and np.abs(got - want).max() <= 1
     wav = create(model="tts", input=text, voice="casual_male", response_format="wav",
                  extra_body={"seed": 7, "max_frames": 24}).content
-    assert wav[:4] == b"RIFF" and np.abs(np.frombuffer(wav[44:], "<i2") - want).max() <= 1
+    check_exact_wav(wav, want)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts", input=text, voice="casual_male", response_format="wav",
+            extra_body={"seed": 7, "max_frames": 24, "stream": True}) as r:
+        assert "content-length" not in r.headers  # chunked: nobody knows the length yet
+        parts = list(r.iter_bytes())
+    wav = b"".join(parts)
+    assert len(parts) > 1 and wav[4:8] == wav[40:44] == b"\xff" * 4  # the unknown-size marker
+    assert np.abs(np.frombuffer(wav[44:], "<i2") - want).max() <= 1
     opus = create(model="tts", input=text, voice="casual_male", response_format="opus",
                   extra_body={"seed": 7, "max_frames": 24}).content
     dec, sr = sf.read(io.BytesIO(opus), dtype="float32")
@@ -198,6 +221,9 @@ def test_speech_bytes_equal_generate(client, models, srv):
     with pytest.raises(openai.BadRequestError, match="unknown voice 'nobody'; voices: "
                                                      "casual_male, neutral_female"):
         create(model="tts", input=text, voice="nobody")
+    with pytest.raises(openai.BadRequestError, match="stream must be true or false"):
+        create(model="tts", input=text, voice="casual_male", response_format="wav",
+               extra_body={"stream": "yes"})
 
 
 # ------------------------------------------------------------------ realtime
