@@ -24,6 +24,7 @@ import pytest
 import soundfile as sf
 
 from tests.conftest import make_voxtral_checkpoint, speechlike
+from tests.moshi_helpers import tiny_kyutai_moshi
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -128,14 +129,6 @@ def _put_in_cache(hub: Path, repo: str, src: Path) -> None:
     (snap.parent.parent / "refs" / "main").write_text("0" * 40)
 
 
-def _moshi(dest: Path) -> Path:
-    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
-
-    delays = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=delays)
-    return write_folder(dest, kw, kyutai_weights(build_random_lm(kw)))
-
-
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
     """(working folder, environment): the README's input files, and the private hub cache."""
@@ -143,7 +136,8 @@ def place(tmp_path_factory):
     hub, work = root / "hub", root / "work"
     work.mkdir()
     tiny = {"nemotron": GOLDEN / "nemotron", "voxtral_tts": GOLDEN / "voxtral_tts" / "ckpt",
-            "voxtral_realtime": make_voxtral_checkpoint(root / "vr"), "moshi": _moshi(root / "ky")}
+            "voxtral_realtime": make_voxtral_checkpoint(root / "vr"),
+            "moshi": tiny_kyutai_moshi(root / "ky")}
     for repo, name in REPOS.items():
         _put_in_cache(hub, repo, tiny[name])
     x = speechlike(2.0)

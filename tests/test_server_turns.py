@@ -32,9 +32,10 @@ websockets = pytest.importorskip("websockets")
 
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
-from tests.test_server import GOLDEN, ServerThread, pcm16  # noqa: E402
+from tests.server_helpers import ServerThread, pcm16  # noqa: E402
 from tests.turns_audio import scene, silero  # noqa: E402
 
+GOLDEN = Path(__file__).parent / "golden"
 DEADLINE_S = 60.0
 # where the VAD puts turn edges, against the phrases' true speech edges: onsets within 100 ms
 # (32 ms frames); offsets 0..250 ms late: Silero's probability decays for 100-200 ms after
@@ -526,7 +527,7 @@ def test_rest_verbose_json_segments_follow_pauses(srv, models, vad):
     import httpx
 
     from mlx_speech.transcribe import pause_breaks, segments_from_words
-    from tests.test_server import wav_bytes
+    from tests.server_helpers import wav_bytes
 
     audio, spans = scene(("please", "meeting", "go"), lead_s=0.5, gap_s=0.7, tail_s=0.5)
     r = httpx.post(srv.base + "/v1/audio/transcriptions", timeout=DEADLINE_S,

@@ -32,7 +32,7 @@ import soundfile as sf  # noqa: E402
 
 from mlx_speech.audio.resample import resample  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
-from tests.test_server import ServerThread, pcm16, run, wav_bytes  # noqa: E402
+from tests.server_helpers import ServerThread, pcm16, run, wav_bytes  # noqa: E402
 from tests.web_helpers import (  # noqa: E402
     Taps,
     browser_missing,
