@@ -70,3 +70,22 @@ def test_package_data_ships_every_data_file():
         ok = any(fnmatch("/".join(rel.parts[len(pkg.split(".")):]), g)
                  for pkg in owners for g in data[pkg])
         assert ok, f"{rel} is not in [tool.setuptools.package-data] (pyproject.toml)"
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared test code lives in helper modules (not named test_*): a test module importing
+    another one runs that module's tests' imports and fixtures twice, and hides what is shared."""
+    import ast
+
+    bad = []
+    for f in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if isinstance(node, ast.ImportFrom) and node.module in ("tests", None):
+                names = [f"tests.{a.name}" for a in node.names]  # from tests / . import x
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                names = [f"tests.{node.module}"]  # from .test_x import y
+            bad += [f"{f.name}:{node.lineno} {n}" for n in names
+                    if n.startswith("tests.test_")]
+    assert not bad, bad
