@@ -80,7 +80,7 @@ def test_every_package_the_tests_import_is_declared():
     on every fresh machine."""
     d = Declared((ROOT / "pyproject.toml").read_text())
     allowed = d.extra("dev") | d.extra("reference") | REFERENCE_PEERS
-    for line in readme_test_block():  # e.g. `pip install --no-deps silero-vad`
+    for line in readme_test_block():  # e.g. a `pip install --no-deps X` line
         for cmd in line.split("&&"):
             words = cmd.split()
             if "pip" in words and "install" in words[words.index("pip"):]:
