@@ -3,7 +3,7 @@
     python benchmarks/server_turns.py [--config tiny|small] [--turns 8] [--streams 1,4,16]
 
 Writes the random Voxtral Realtime checkpoint of benchmarks/voxtral_realtime.py, serves it
-in this process on loopback with the Silero VAD (the silero-vad wheel's weights), and feeds
+in this process on loopback with the Silero VAD (the model shipped with mlx_speech), and feeds
 espeak-ng phrases with pauses and background noise (tests/data/turns_*.wav) as one OpenAI
 realtime client sending an 80 ms append every 80 ms:
 

@@ -2,8 +2,8 @@
 
     python benchmarks/vad.py [--sizes 1,4,16,64] [--steps 100] [--repeats 5] [--no-compile]
 
-Both run the same weights (the `silero-vad` wheel's `silero_vad.onnx`, Silero's v6.2 release;
-`pip install --no-deps silero-vad onnxruntime`) on the same CPU, in the same process, in
+Both run the same weights (`silero_vad.onnx`, Silero's v6.2 release, shipped with mlx_speech;
+onnxruntime: `pip install onnxruntime`) on the same CPU, in the same process, in
 interleaved blocks. Streaming: N streams each get one 512-sample frame per step; ours is one
 `vad(audio (N, 512), state)` call plus `mx.eval`, onnxruntime one `session.run` on the batch
 (input (N, 576) with the 64 context samples, state (2, N, 128)), single-threaded as Silero's
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlx_speech.models.silero_vad import FRAME, load_vad, wheel_weights  # noqa: E402
+from mlx_speech.models.silero_vad import FRAME, load_vad, packaged_weights  # noqa: E402
 
 
 def timed(steps_a, steps_b, n_steps: int, repeats: int, warmup: int = 10):
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.no_compile:
         mx.disable_compile()
-    onnx = wheel_weights().parent / "silero_vad.onnx"
+    onnx = packaged_weights()
     vad, sess = load_vad(onnx), ort_session(onnx)
     rng = np.random.default_rng(0)
     print(f"# {platform.machine()} {platform.processor() or ''} | mlx {mx.__version__} on "

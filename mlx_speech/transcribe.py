@@ -6,7 +6,7 @@
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
 Results go to stdout (or -o), logs and progress to stderr. --live ends a line at each pause
-(the Silero VAD: `pip install --no-deps silero-vad`; --no-vad for one endless line).
+(the Silero VAD, shipped with mlx_speech; --no-vad for one endless line).
 """
 
 from __future__ import annotations
@@ -232,8 +232,9 @@ class LiveLines:
 
 
 def load_live_vad(args):
-    """The Silero VAD for --live: --vad PATH, else the silero-vad wheel's weights when they are
-    installed (without them one endless line, and a note saying so); None with --no-vad."""
+    """The Silero VAD for --live: --vad PATH, else Silero's release model shipped with
+    mlx_speech (should it be missing, one endless line and a note saying so); None with
+    --no-vad."""
     if args.no_vad:
         return None
     from .errors import CheckpointError
@@ -304,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--silence-ms", type=int, default=500,
                    help="--live: a pause this long ends the line (default 500)")
     p.add_argument("--vad", metavar="PATH",
-                   help="--live: Silero VAD weights (default: the silero-vad wheel's)")
+                   help="--live: Silero VAD weights (default: Silero's release model, "
+                        "shipped with mlx_speech)")
     p.add_argument("--no-vad", action="store_true",
                    help="--live: no VAD; one endless line")
     p.add_argument("--delay-ms", type=int, default=None,

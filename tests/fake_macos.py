@@ -1,7 +1,6 @@
 """A fake macOS for the app's platform layer: modules standing in for AppKit, Foundation,
 Quartz, ApplicationServices/HIServices, AVFoundation, PyObjCTools.AppHelper and Carbon (the
-ctypes functions `carbon.load()` returns), plus rumps and pynput as they behave on a Mac (so
-the same tests can run the app's earlier rumps/pynput layer and show what it got wrong).
+ctypes functions `carbon.load()` returns).
 
 Names and call shapes are PyObjC's (`AXUIElementCopyAttributeValue(el, attr, None)` returns
 `(err, value)`, blocks are plain callables, selectors end in `_`). Every call is counted,
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import os
-import queue
 import sys
 import threading
 import time
@@ -138,7 +136,6 @@ class World:
         self.dropped: list = []
         self.ax_timeouts: list[float] = []
         self.taps: list = []
-        self.listeners: list = []  # pynput's listener threads
         self.timers: list = []
         self.jobs: deque = deque()
         self.cv = threading.Condition()
@@ -280,8 +277,6 @@ class World:
                         if tap.loop == "main" and tap.enabled:
                             tap.callback(None, ev.type, ev, tap.refcon)
             self.on_main(fire)
-        for lst in list(self.listeners):
-            lst.deliver(evs)
 
     def answer_mic(self, granted: bool) -> None:
         """The user clicks the microphone prompt (the handler runs on another queue)."""
@@ -585,10 +580,6 @@ class _StatusItem:
 
     setMenu_, menu = _accessors("NSStatusItem", "menu")
 
-    def setTitle_(self, t):  # the pre-10.10 API rumps still calls
-        rec("AppKit.NSStatusItem.setTitle_")
-        self._button._title = str(t)
-
     def setHighlightMode_(self, b):
         pass
 
@@ -834,8 +825,6 @@ def build_modules() -> dict[str, types.ModuleType]:
     mods = {"Foundation": F, "AppKit": A, "Quartz": Q, "HIServices": H,
             "ApplicationServices": AS, "AVFoundation": AV, "PyObjCTools": P,
             "PyObjCTools.AppHelper": AH, "objc": O}
-    mods.update(_rumps(A, F))
-    mods.update(_pynput())
     return mods
 
 
@@ -999,203 +988,6 @@ def _hiservices() -> dict:
     return out
 
 
-# ---------------------------------------------------------------- rumps 0.4 and pynput 1.8
-
-
-def _rumps(A, F) -> dict[str, types.ModuleType]:
-    """rumps 0.4's behaviour that matters here: every MenuItem with a callback is kept in a
-    class-level dict forever (Menu.clear() never removes it), timers run in the default
-    run-loop mode only, App.run() activates the app, quit_application() terminates."""
-    R = types.ModuleType("rumps")
-
-    class _Delegate:
-        registry: dict = {}  # NSApp._ns_to_py_and_callback
-
-        def callback_(self, nsitem):
-            item, cb = _Delegate.registry[nsitem]
-            cb(item)
-
-    delegate = _Delegate()
-
-    class MenuItem:
-        def __init__(self, title, callback=None, key=None, icon=None, dimensions=None,
-                     template=None):
-            self._menuitem = A.NSMenuItem.alloc().initWithTitle_action_keyEquivalent_(
-                str(title), None, "")
-            self._menu = None
-            self._title = str(title)
-            self.set_callback(callback)
-
-        def set_callback(self, callback, key=None):
-            self._menuitem.setTarget_(delegate)
-            self._menuitem.setAction_("callback:" if callback else None)
-            if callback is not None:
-                _Delegate.registry[self._menuitem] = self, callback
-
-        @property
-        def title(self):
-            return self._title
-
-        @title.setter
-        def title(self, t):
-            self._title = str(t)
-            self._menuitem.setTitle_(str(t))
-
-        @property
-        def state(self):
-            return self._menuitem.state()
-
-        @state.setter
-        def state(self, v):
-            self._menuitem.setState_(v)
-
-        def add(self, item):
-            if self._menu is None:
-                self._menu = Menu()
-                self._menuitem.setSubmenu_(self._menu._menu)
-            self._menu.add(item)
-
-    separator = object()
-
-    class Menu:
-        def __init__(self):
-            self._menu = A.NSMenu.alloc().init()
-            self._keys: dict = {}
-
-        def add(self, item):
-            if item is separator:
-                self._menu.addItem_(A.NSMenuItem.separatorItem())
-                return
-            if item.title in self._keys:  # ListDict: a second item with the same title
-                return
-            self._keys[item.title] = item
-            self._menu.addItem_(item._menuitem)
-
-        def update(self, items):
-            for it in items:
-                self.add(it)
-
-        def clear(self):
-            self._menu.removeAllItems()
-            self._keys.clear()
-
-    class Timer:
-        def __init__(self, callback, interval):
-            self._cb, self._interval = callback, interval
-
-        def start(self):
-            t = F.NSTimer.timerWithTimeInterval_target_selector_userInfo_repeats_(
-                self._interval, lambda timer: self._cb(self), None, None, True)
-            F.NSRunLoop.currentRunLoop().addTimer_forMode_(t, "kCFRunLoopDefaultMode")
-
-    class App:
-        def __init__(self, name, title=None, icon=None, menu=None, quit_button="Quit"):
-            self._name, self._title, self._menu = name, title, Menu()
-
-        @property
-        def title(self):
-            return self._title
-
-        @title.setter
-        def title(self, t):
-            self._title = t
-            if hasattr(self, "_nsstatusitem"):
-                self._nsstatusitem.setTitle_(t)
-
-        @property
-        def menu(self):
-            return self._menu
-
-        def run(self, **options):
-            nsapp = A.NSApplication.sharedApplication()
-            self._nsstatusitem = A.NSStatusBar.systemStatusBar().statusItemWithLength_(-1.0)
-            self._nsstatusitem.setTitle_(self._title)
-            self._nsstatusitem.setMenu_(self._menu._menu)
-            nsapp.activateIgnoringOtherApps_(True)
-            nsapp.run()
-
-    def quit_application(sender=None):
-        A.NSApplication.sharedApplication().terminate_(sender)
-
-    R.App, R.MenuItem, R.Timer, R.separator = App, MenuItem, Timer, separator
-    R.quit_application = quit_application
-    R._Delegate = _Delegate
-    return {"rumps": R}
-
-
-def _pynput() -> dict[str, types.ModuleType]:
-    """pynput 1.8's macOS keyboard Listener: a thread that reads the keyboard layout (TIS)
-    on itself, creates its own tap, and simply ends when that is not allowed; modifiers are
-    press or release by the side-independent flag."""
-    import enum
-
-    P = types.ModuleType("pynput")
-    P.__path__ = []
-    K = types.ModuleType("pynput.keyboard")
-
-    class KeyCode:
-        def __init__(self, vk=None, char=None):
-            self.vk, self.char = vk, char
-
-    Key = enum.Enum("Key", {"alt": 58, "alt_l": 58, "alt_r": 61, "ctrl": 59, "ctrl_l": 59,
-                            "ctrl_r": 62, "shift": 56, "shift_l": 56, "shift_r": 60,
-                            "cmd": 55, "cmd_l": 55, "cmd_r": 54, "esc": 53, "space": 49})
-    by_vk = {k.value: k for k in Key}
-
-    class Listener(threading.Thread):
-        def __init__(self, on_press=None, on_release=None, suppress=False, **kw):
-            super().__init__(name="pynput-listener", daemon=True)
-            self.on_press, self.on_release = on_press, on_release
-            self.q: queue.Queue = queue.Queue()
-
-        def run(self):
-            w = WORLD
-            w.carbon.TISCopyCurrentKeyboardInputSource()  # keycode_context(), this thread
-            w.record("Quartz.CGEventTapCreate")
-            if not (w.listen_access or w.ax_trusted):
-                return  # the tap is NULL: _mark_ready() and the thread ends, silently
-            w.listeners.append(self)
-            while True:
-                job = self.q.get()
-                if job is None:
-                    return
-                try:
-                    job()
-                except Exception:  # pynput's _emitter stops the listener on any error
-                    traceback.print_exc()
-                    w.listeners.remove(self)
-                    return
-
-        def deliver(self, evs):
-            done = threading.Event()
-
-            def job():
-                try:
-                    for ev in evs:
-                        self._handle(ev)
-                finally:
-                    done.set()
-            self.q.put(job)
-            done.wait(10)
-
-        def _handle(self, ev):
-            if ev.type == FLAGS_CHANGED:
-                key = by_vk.get(ev.keycode)
-                press = bool(ev.flags & MODS[ev.keycode][0])
-            else:
-                key = by_vk.get(ev.keycode) or KeyCode(vk=ev.keycode,
-                                                       char=WORLD.char_for(ev.keycode))
-                press = ev.type == KEY_DOWN
-            (self.on_press if press else self.on_release)(key)
-
-        def stop(self):
-            self.q.put(None)
-
-    K.Key, K.KeyCode, K.Listener = Key, KeyCode, Listener
-    P.keyboard = K
-    return {"pynput": P, "pynput.keyboard": K}
-
-
 # ---------------------------------------------------------------- installing and running
 
 
@@ -1208,12 +1000,9 @@ def install(monkeypatch, world: World) -> World:
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(time, "monotonic", world.monotonic)
     monkeypatch.setattr(time, "monotonic_ns", world.monotonic_ns)
-    try:
-        from mlx_speech.app import carbon
-    except ImportError:  # the rumps/pynput layer had no Carbon module
-        pass
-    else:
-        monkeypatch.setattr(carbon, "load", lambda: world.carbon)
+    from mlx_speech.app import carbon
+
+    monkeypatch.setattr(carbon, "load", lambda: world.carbon)
     return world
 
 

@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 GOLDEN = Path(__file__).parent / "golden" / "moshi"
 SILENCE_TOKENS = [948, 243, 1178, 546, 1736, 1030, 1978, 2008]
 SINE_TOKENS = [430, 1268, 381, 1611, 1095, 1495, 56, 472]
+DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]  # a tiny Kyutai LM's 17 streams
 
 
 def _varint(n: int) -> bytes:
@@ -114,3 +115,9 @@ def build_random_lm(kw: dict, seed: int = 0):
                         / max(1.0, v.shape[-1] ** 0.5))) for k, v in params]
     lm.load_weights(new)
     return lm
+
+
+def tiny_kyutai_moshi(dest: Path) -> Path:
+    """A tiny random Moshi folder in Kyutai's layout (card 64, 16 codebooks, depformer 8)."""
+    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
+    return write_folder(dest, kw, kyutai_weights(build_random_lm(kw)))

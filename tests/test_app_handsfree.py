@@ -13,12 +13,12 @@ from mlx_speech.app.engine import Engine
 from mlx_speech.app.events import Key, MenuAction
 from mlx_speech.app.settings import Settings
 from tests.app_fakes import BLOCK, FakeASR, Store, make_app
-from tests.turns_audio import RATE, scene, silero_or_skip
+from tests.turns_audio import RATE, scene, silero
 
 
 @pytest.fixture(scope="module")
 def vad():
-    return silero_or_skip()
+    return silero()
 
 
 def _tap(app, clock):

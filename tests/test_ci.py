@@ -9,19 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.readme_helpers import MARKER, readme_test_block
+
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = "<!-- ci: test command"
-
-
-def readme_test_block(readme: Path = ROOT / "README.md") -> list[str]:
-    """The lines of the fenced block after the marker line (the README's test command)."""
-    lines = readme.read_text(encoding="utf-8").splitlines()
-    marks = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
-    assert len(marks) == 1, f"README.md needs exactly one {MARKER!r} line, found {len(marks)}"
-    i = marks[0] + 1
-    assert lines[i].startswith("```"), "the marker line must be right above the fenced block"
-    end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-    return lines[i + 1 : end]
 
 
 def test_ci_runs_the_readme_test_command():

@@ -27,7 +27,7 @@ from tests.moshi_helpers import (
     random_lm_kwargs,
     write_folder,
 )
-from tests.test_nemotron_nemo import nemo_file  # noqa: F401  (fixture)
+from tests.nemo_helpers import nemo_file  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).parent
 DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
@@ -258,7 +258,7 @@ def test_newer_layout_is_refused(src, tmp_path):
 
 def _published(name: str, tmp: Path) -> Path:
     """The published quantized layouts `tests/test_quantized.py` checks against their producers."""
-    import tests.test_quantized as tq
+    import tests.quantized_helpers as tq
 
     kind, _, sub = name.partition(":")
     if kind == "vr":

@@ -11,14 +11,13 @@ from safetensors.numpy import save_file
 import mlx_speech.models.moshi as moshi
 from mlx_speech.errors import AudioError, CheckpointError, MlxSpeechError
 from tests.moshi_helpers import (
+    DELAYS,
     GOLDEN,
     build_random_lm,
     kyutai_weights,
     random_lm_kwargs,
     write_folder,
 )
-
-DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
 
 
 @pytest.fixture(scope="module")

@@ -52,3 +52,40 @@ def test_loading_never_imports_the_converter():
             " or k == 'convert'), m.config.encoder.hidden_size > 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.strip() == "[] True", r.stderr
+
+
+def test_package_data_ships_every_data_file():
+    """Every non-Python file under mlx_speech/ (the web page, Silero's VAD model and its
+    license) matches a [tool.setuptools.package-data] glob, so a wheel carries it."""
+    from fnmatch import fnmatch
+
+    data = _pyproject().get("package-data", {})
+    files = [p for p in (ROOT / "mlx_speech").rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert any(p.name == "silero_vad.onnx" for p in files)
+    for p in files:
+        rel = p.relative_to(ROOT)
+        owners = [pkg for pkg in data
+                  if rel.parts[:len(pkg.split("."))] == tuple(pkg.split("."))]
+        ok = any(fnmatch("/".join(rel.parts[len(pkg.split(".")):]), g)
+                 for pkg in owners for g in data[pkg])
+        assert ok, f"{rel} is not in [tool.setuptools.package-data] (pyproject.toml)"
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared test code lives in helper modules (not named test_*): a test module importing
+    another one runs that module's tests' imports and fixtures twice, and hides what is shared."""
+    import ast
+
+    bad = []
+    for f in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if isinstance(node, ast.ImportFrom) and node.module in ("tests", None):
+                names = [f"tests.{a.name}" for a in node.names]  # from tests / . import x
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                names = [f"tests.{node.module}"]  # from .test_x import y
+            bad += [f"{f.name}:{node.lineno} {n}" for n in names
+                    if n.startswith("tests.test_")]
+    assert not bad, bad

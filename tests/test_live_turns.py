@@ -10,7 +10,7 @@ import pytest
 import mlx_speech
 from mlx_speech.models import asr
 from tests.conftest import speechlike
-from tests.turns_audio import fake_microphone, scene, silero_or_skip
+from tests.turns_audio import fake_microphone, scene, silero
 
 GOLDEN_NM = "tests/golden/nemotron"
 BLOCK = 1280  # the microphone's block (80 ms)
@@ -23,7 +23,7 @@ def nm():
 
 @pytest.fixture(scope="module")
 def vad():
-    return silero_or_skip()
+    return silero()
 
 
 def blocks(x: np.ndarray, n: int = BLOCK):

@@ -12,7 +12,7 @@ import soundfile as sf
 
 import mlx_speech
 from mlx_speech.errors import MissingDependency, optional
-from tests.test_declared_deps import CODE, ROOT, Declared, distributions, imports, third_party
+from tests.deps_helpers import CODE, ROOT, Declared, distributions, imports, third_party
 
 
 def _optional_modules() -> set[str]:

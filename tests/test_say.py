@@ -14,7 +14,7 @@ import mlx_speech
 from mlx_speech import cli, say
 from mlx_speech.audio.clip import Audio
 from mlx_speech.errors import MlxSpeechError
-from tests.test_devices import fake_sounddevice
+from tests.sounddevice_fakes import fake_sounddevice
 
 SR = 24000
 

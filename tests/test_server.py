@@ -8,8 +8,6 @@ import asyncio
 import base64
 import io
 import json
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -26,61 +24,20 @@ import soundfile as sf  # noqa: E402
 
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
-from mlx_speech.server import make_app  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
+from tests.server_helpers import ServerThread, pcm16, run, wav_bytes  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 KEY = "test-key"
 GOOD_ORIGIN = "https://app.example"
 MAX_UPLOAD = 1 << 20
-DEADLINE_S = 60.0  # bound on every wait for the server (never hit when things work)
-
-
-class ServerThread:
-    """uvicorn in a thread on a free loopback port; always shut down."""
-
-    def __init__(self, models, **kw):
-        import uvicorn
-
-        self.app, self.engine = make_app(models, **kw)
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        t0 = time.time()
-        while not self.server.started:
-            assert time.time() - t0 < DEADLINE_S and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(DEADLINE_S)
-        self.engine.stop()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
 
 
 @pytest.fixture(scope="module")
 def models(vr_dir, tmp_path_factory):
-    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
-    from tests.test_duplex_session import DELAYS
+    from tests.moshi_helpers import tiny_kyutai_moshi
 
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
-    ky = write_folder(tmp_path_factory.mktemp("ky") / "moshi", kw,
-                      kyutai_weights(build_random_lm(kw)))
+    ky = tiny_kyutai_moshi(tmp_path_factory.mktemp("ky") / "moshi")
     return {"vr": mlx_speech.load(vr_dir), "nm": mlx_speech.load(GOLDEN / "nemotron"),
             "tts": mlx_speech.load(GOLDEN / "voxtral_tts" / "ckpt"), "moshi": mlx_speech.load(ky)}
 
@@ -97,19 +54,19 @@ def client(srv):
     return openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
 
 
-def wav_bytes(x: np.ndarray, sr: int = 16000) -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, x, sr, subtype="FLOAT", format="WAV")
-    return buf.getvalue()
+def check_exact_wav(wav: bytes, want: np.ndarray) -> None:
+    """A whole WAV whose RIFF and data sizes are exact: Python's `wave` and soundfile read the
+    true length, and the samples are `want` within 1 LSB."""
+    import wave
 
-
-def pcm16(x: np.ndarray) -> np.ndarray:
-    """What a pcm16 client sends (and what the server decodes, / 32768)."""
-    return np.round(np.clip(x, -1, 1) * 32767).astype("<i2")
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+    assert wav[:4] == b"RIFF" and int.from_bytes(wav[4:8], "little") == len(wav) - 8
+    with wave.open(io.BytesIO(wav)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() == len(want)
+        got = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.int32)
+    info = sf.info(io.BytesIO(wav))
+    assert info.frames == len(want) and info.samplerate == 24000
+    assert len(got) == len(want) and np.abs(got - want).max() <= 1
 
 
 # ------------------------------------------------------------------ REST
@@ -164,8 +121,8 @@ def test_speech_bytes_equal_generate(client, models, srv):
         got = create(model="tts", input=text, voice="casual_male", response_format=fmt,
                      extra_body={"seed": 7, "max_frames": 24}).content
         assert got == encode_audio(ref, 24000, fmt), fmt
-    # pcm, wav, opus and SSE stream as frames are decoded (4, then 16 frames a chunk):
-    # streamed codec chunks equal the whole decode to float rounding, so within 1 LSB
+    # pcm, opus, SSE (and wav with stream: true) stream as frames are decoded (4 frames a
+    # chunk): streamed codec chunks equal the whole decode to float rounding, so within 1 LSB
     want = pcm16(ref).astype(np.int32)
     with client.audio.speech.with_streaming_response.create(
             model="tts", input=text, voice="casual_male", response_format="pcm",
@@ -175,7 +132,15 @@ def test_speech_bytes_equal_generate(client, models, srv):
     assert len(parts) > 1 and len(got) == len(want) and np.abs(got - want).max() <= 1
     wav = create(model="tts", input=text, voice="casual_male", response_format="wav",
                  extra_body={"seed": 7, "max_frames": 24}).content
-    assert wav[:4] == b"RIFF" and np.abs(np.frombuffer(wav[44:], "<i2") - want).max() <= 1
+    check_exact_wav(wav, want)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts", input=text, voice="casual_male", response_format="wav",
+            extra_body={"seed": 7, "max_frames": 24, "stream": True}) as r:
+        assert "content-length" not in r.headers  # chunked: nobody knows the length yet
+        parts = list(r.iter_bytes())
+    wav = b"".join(parts)
+    assert len(parts) > 1 and wav[4:8] == wav[40:44] == b"\xff" * 4  # the unknown-size marker
+    assert np.abs(np.frombuffer(wav[44:], "<i2") - want).max() <= 1
     opus = create(model="tts", input=text, voice="casual_male", response_format="opus",
                   extra_body={"seed": 7, "max_frames": 24}).content
     dec, sr = sf.read(io.BytesIO(opus), dtype="float32")
@@ -198,6 +163,9 @@ def test_speech_bytes_equal_generate(client, models, srv):
     with pytest.raises(openai.BadRequestError, match="unknown voice 'nobody'; voices: "
                                                      "casual_male, neutral_female"):
         create(model="tts", input=text, voice="nobody")
+    with pytest.raises(openai.BadRequestError, match="stream must be true or false"):
+        create(model="tts", input=text, voice="casual_male", response_format="wav",
+               extra_body={"stream": "yes"})
 
 
 # ------------------------------------------------------------------ realtime

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,9 +32,10 @@ websockets = pytest.importorskip("websockets")
 
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
-from tests.test_server import GOLDEN, ServerThread, pcm16  # noqa: E402
-from tests.turns_audio import scene, silero_or_skip  # noqa: E402
+from tests.server_helpers import ServerThread, pcm16  # noqa: E402
+from tests.turns_audio import scene, silero  # noqa: E402
 
+GOLDEN = Path(__file__).parent / "golden"
 DEADLINE_S = 60.0
 # where the VAD puts turn edges, against the phrases' true speech edges: onsets within 100 ms
 # (32 ms frames); offsets 0..250 ms late: Silero's probability decays for 100-200 ms after
@@ -45,7 +47,7 @@ PAUSE_S = 0.8
 
 @pytest.fixture(scope="module")
 def vad():
-    return silero_or_skip()
+    return silero()
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +228,39 @@ def test_no_vad_weights_is_a_clear_error(models):
 
     with ServerThread({"nm": models["nm"]}) as s:
         ev = asyncio.run(asyncio.wait_for(go(s), DEADLINE_S))
-    assert ev["type"] == "error" and "pip install --no-deps silero-vad" in ev["error"]["message"]
+    assert ev["type"] == "error" and "--vad PATH" in ev["error"]["message"]
+
+
+def test_server_vad_after_a_plain_install(models, speech, monkeypatch):
+    """`pip install -e ".[cpu,server]"` alone (no silero-vad wheel, no torch): the server's
+    default VAD is Silero's release model from mlx_speech's package data, and a server_vad
+    session yields its turns."""
+    import sys
+    from importlib import metadata
+
+    from mlx_speech.models import silero_vad as sv
+    from mlx_speech.server import load_server_vad
+
+    real = metadata.distribution
+
+    def without_wheel(name):
+        if name.lower().replace("_", "-") == "silero-vad":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", without_wheel)
+    for mod in ("silero_vad", "torch", "onnxruntime"):
+        monkeypatch.setitem(sys.modules, mod, None)  # `import silero_vad` -> ImportError
+    read = []
+    monkeypatch.setattr(sv, "read_onnx", lambda f, _r=sv.read_onnx: read.append(f) or _r(f))
+    vad = load_server_vad(None)
+    assert vad is not None and read == [sv.PACKAGED]
+    assert sv.PACKAGED.parent.parent == Path(sv.__file__).parent  # inside the package
+    audio16, pcm, spans = speech
+    td = {"type": "server_vad", "silence_duration_ms": 500}
+    with ServerThread({"nm": models["nm"]}, vad=vad) as s:
+        items, _ = asyncio.run(asyncio.wait_for(raw_client(s, "nm", pcm, td), DEADLINE_S))
+    check_items(items, models, "nm", server_audio(pcm), spans, end_extra_s=0.5)
 
 
 def test_delay_maps_to_voxtral_delay(srv, models, speech):
@@ -493,7 +527,7 @@ def test_rest_verbose_json_segments_follow_pauses(srv, models, vad):
     import httpx
 
     from mlx_speech.transcribe import pause_breaks, segments_from_words
-    from tests.test_server import wav_bytes
+    from tests.server_helpers import wav_bytes
 
     audio, spans = scene(("please", "meeting", "go"), lead_s=0.5, gap_s=0.7, tail_s=0.5)
     r = httpx.post(srv.base + "/v1/audio/transcriptions", timeout=DEADLINE_S,

@@ -1,15 +1,20 @@
 """Silero VAD in MLX: parity with Silero's own ONNX (and JIT) on real speech, streaming ==
 offline, batched == alone (streams joining and leaving), loading every layout, clear errors.
 
-Real weights come from the `silero-vad` wheel (`pip install --no-deps silero-vad`, see the
-README's test command). Without it these tests fail under CI (env CI set) and skip elsewhere.
-The clips are espeak-ng speech with pauses and background noise (tests/data/make_vad_speech.py).
+Real weights: Silero's release model as mlx_speech ships it (mlx_speech/models/silero_vad/data/,
+copied from the `silero-vad` 6.2.3 wheel), checked against onnxruntime running that same file.
+The wheel's other files (its op15 ONNX, the port's safetensors of snakers4/silero-vad#768, the
+JIT) are compared too when the wheel is installed (`pip install --no-deps silero-vad`); those
+tests skip without it. The clips are espeak-ng speech with pauses and background noise
+(tests/data/make_vad_speech.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,6 +31,7 @@ from mlx_speech.models.silero_vad import (
     VADState,
     frame_probs,
     load_vad,
+    packaged_weights,
     wheel_weights,
 )
 
@@ -35,35 +41,58 @@ PARITY_ATOL = 1e-5  # measured on CPU: <= 1.0e-6 against onnxruntime, 1.2e-6 aga
 STREAM_ATOL = 1e-6  # measured 0.0 on CPU; only GEMM row counts differ between chunkings
 
 
-def _wheel() -> Path:
-    try:
-        return wheel_weights()
-    except CheckpointError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"{e} -- CI must install it (the README's test command does)")
-        pytest.skip(str(e))
+@pytest.fixture(scope="module")
+def release_onnx() -> Path:  # Silero's v6.2 release model, shipped in the package
+    return packaged_weights()
 
 
 @pytest.fixture(scope="module")
 def wheel_dir() -> Path:
-    return _wheel().parent
+    """The `silero-vad` wheel's data folder (optional: its extra files), or skip."""
+    try:
+        return wheel_weights().parent
+    except CheckpointError as e:
+        pytest.skip(f"{e}: the wheel's own files are not compared")
 
 
 @pytest.fixture(scope="module")
-def vad(wheel_dir) -> SileroVAD:  # the wheel's silero_vad_16k.safetensors (a port's weights)
-    return load_vad(wheel_dir / "silero_vad_16k.safetensors")
+def vad_release(release_onnx) -> SileroVAD:  # Silero's v6.2 release weights, from its ONNX
+    return load_vad(release_onnx)
 
 
 @pytest.fixture(scope="module")
-def vad_release(wheel_dir) -> SileroVAD:  # Silero's v6.2 release weights, from its ONNX
-    return load_vad(wheel_dir / "silero_vad.onnx")
+def silero_safetensors(release_onnx, tmp_path_factory) -> Path:
+    """The release weights in Silero's safetensors layout (the wheel's silero_vad_16k file's
+    names and PyTorch shapes: convs (out, in, k), lstm_cell.*)."""
+    from mlx_speech.models.silero_vad.onnxfile import read_onnx
+
+    f = tmp_path_factory.mktemp("silero") / "silero_vad_16k.safetensors"
+    mx.save_safetensors(str(f), {k: mx.array(v) for k, v in read_onnx(release_onnx).items()})
+    return f
 
 
-def test_the_default_is_silero_release_model(vad_release, wheel_dir):
-    """load_vad() is the wheel's silero_vad.onnx (what Silero's JIT, pipecat and LiveKit run),
-    not its safetensors, which holds another checkpoint (snakers4/silero-vad#768)."""
-    assert wheel_weights() == wheel_dir / "silero_vad.onnx"
+@pytest.fixture(scope="module")
+def vad(silero_safetensors) -> SileroVAD:  # loaded through Silero's safetensors layout
+    return load_vad(silero_safetensors)
+
+
+def test_the_default_is_the_packaged_release_model(vad_release, release_onnx):
+    """load_vad() is Silero's silero_vad.onnx shipped in the package (what Silero's JIT,
+    pipecat and LiveKit run), the file its provenance note names, with Silero's MIT notice."""
+    import mlx_speech.models.silero_vad as sv
+
+    assert release_onnx == Path(sv.__file__).parent / "data" / "silero_vad.onnx"
+    note = (release_onnx.parent / "README.md").read_text()
+    want = re.search(r"sha256: `([0-9a-f]{64})`", note).group(1)
+    assert hashlib.sha256(release_onnx.read_bytes()).hexdigest() == want
+    assert "6.2.3" in note
+    lic = (release_onnx.parent / "LICENSE").read_text()
+    assert lic.startswith("MIT License") and "Copyright (c) 2020-present Silero Team" in lic
     _same(vad_release, load_vad())
+
+
+def test_packaged_model_is_the_wheels(wheel_dir, release_onnx):
+    assert (wheel_dir / "silero_vad.onnx").read_bytes() == release_onnx.read_bytes()
 
 
 def clip(name: str) -> np.ndarray:
@@ -97,34 +126,65 @@ def onnxruntime_probs(model_bytes: bytes, x: np.ndarray) -> np.ndarray:
 
 # --- parity with Silero's own implementation, real speech ---------------------------------
 
-@pytest.mark.parametrize("name", sorted(CLIPS))
-@pytest.mark.parametrize("onnx", ["silero_vad.onnx", "silero_vad_16k_op15.onnx"])
-def test_release_weights_match_silero_onnx(vad_release, wheel_dir, name, onnx):
-    x = clip(name)
-    ref = onnxruntime_probs((wheel_dir / onnx).read_bytes(), x)
-    ours = offline(load_vad(wheel_dir / onnx) if onnx != "silero_vad.onnx" else vad_release, x)
+def _check_parity(ours: np.ndarray, ref: np.ndarray, x: np.ndarray) -> None:
     assert ours.shape == ref.shape == (len(x) // FRAME,)
     np.testing.assert_allclose(ours, ref, rtol=0, atol=PARITY_ATOL)
     assert ref.max() > 0.9 and ref.min() < 0.1  # real speech and real pauses in the clip
 
 
 @pytest.mark.parametrize("name", sorted(CLIPS))
-def test_wheel_safetensors_match_silero_graph(vad, wheel_dir, name):
+def test_release_weights_match_silero_onnx(vad_release, release_onnx, name):
+    x = clip(name)
+    _check_parity(offline(vad_release, x), onnxruntime_probs(release_onnx.read_bytes(), x), x)
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+def test_wheel_op15_onnx_matches_onnxruntime(wheel_dir, name):
+    """The wheel's op15 export holds the weights as graph initializers (another reader path)."""
+    onnx = wheel_dir / "silero_vad_16k_op15.onnx"
+    x = clip(name)
+    _check_parity(offline(load_vad(onnx), x), onnxruntime_probs(onnx.read_bytes(), x), x)
+
+
+def _swap_weights(onnx: Path, weights: dict[str, np.ndarray]) -> bytes:
+    """Silero's own ONNX graph with `weights` (Silero's names) swapped in, byte for byte."""
+    from mlx_speech.models.silero_vad.onnxfile import read_onnx
+
+    blob = onnx.read_bytes()
+    for key, w in read_onnx(onnx).items():
+        old, new = np.ascontiguousarray(w).tobytes(), weights[key].astype("<f4").tobytes()
+        assert len(old) == len(new) and blob.count(old) == 1, key
+        blob = blob.replace(old, new)
+    return blob
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+def test_silero_safetensors_match_silero_graph(release_onnx, tmp_path, name):
+    """Another checkpoint in Silero's safetensors layout (the release weights, each scaled by
+    its own random factor; the STFT basis kept): ours loads it as Silero's graph runs it."""
+    from mlx_speech.models.silero_vad.onnxfile import read_onnx
+
+    rng = np.random.default_rng(7)
+    w = {k: v if k.startswith("stft") else (v * rng.uniform(0.9, 1.1, v.shape)).astype(np.float32)
+         for k, v in read_onnx(release_onnx).items()}
+    f = tmp_path / "other.safetensors"
+    mx.save_safetensors(str(f), {k: mx.array(v) for k, v in w.items()})
+    x = clip(name)
+    ref = onnxruntime_probs(_swap_weights(release_onnx, w), x)
+    np.testing.assert_allclose(offline(load_vad(f), x), ref, rtol=0, atol=PARITY_ATOL)
+    assert not np.allclose(ref, onnxruntime_probs(release_onnx.read_bytes(), x), atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+def test_wheel_safetensors_match_silero_graph(wheel_dir, name):
     """The wheel's safetensors is another checkpoint than its ONNX / JIT (Silero issue #768):
     run Silero's own ONNX graph with those weights swapped in, byte for byte."""
     from safetensors.numpy import load_file
 
-    from mlx_speech.models.silero_vad.onnxfile import read_onnx
-
-    onnx = wheel_dir / "silero_vad_16k_op15.onnx"
-    blob = onnx.read_bytes()
-    ours_w = load_file(str(wheel_dir / "silero_vad_16k.safetensors"))
-    for key, w in read_onnx(onnx).items():
-        old, new = np.ascontiguousarray(w).tobytes(), ours_w[key].astype("<f4").tobytes()
-        assert len(old) == len(new) and blob.count(old) == 1, key
-        blob = blob.replace(old, new)
+    port = wheel_dir / "silero_vad_16k.safetensors"
+    blob = _swap_weights(wheel_dir / "silero_vad_16k_op15.onnx", load_file(str(port)))
     x = clip(name)
-    np.testing.assert_allclose(offline(vad, x), onnxruntime_probs(blob, x), rtol=0,
+    np.testing.assert_allclose(offline(load_vad(port), x), onnxruntime_probs(blob, x), rtol=0,
                                atol=PARITY_ATOL)
 
 
@@ -138,10 +198,10 @@ def test_release_weights_match_silero_jit(vad_release, wheel_dir):
     np.testing.assert_allclose(offline(vad_release, x), ref, rtol=0, atol=PARITY_ATOL)
 
 
-def test_speech_and_pauses_where_the_clips_have_them(vad):
+def test_speech_and_pauses_where_the_clips_have_them(vad_release):
     """Frames well inside an utterance are speech, frames well inside a pause are not."""
     for name, meta in CLIPS.items():
-        p = frame_probs(vad, clip(name))
+        p = frame_probs(vad_release, clip(name))
         t = (np.arange(len(p)) + 0.5) * FRAME / SAMPLE_RATE
         spans = [(u["start_s"], u["end_s"]) for u in meta["utterances"]]
         inside = np.zeros(len(p), bool)
@@ -283,10 +343,14 @@ def _mlx_community(onnx: Path, dest: Path, drop: str = "", add: str = "") -> Pat
     return dest
 
 
-def test_loads_every_layout(vad, vad_release, wheel_dir, tmp_path):
-    _same(vad_release, load_vad(wheel_dir))  # a folder holding Silero's files
-    _same(vad, load_vad(wheel_dir / "silero_vad_16k.safetensors"))
-    community = _mlx_community(wheel_dir / "silero_vad.onnx", tmp_path / "community")
+def test_loads_every_layout(vad, vad_release, release_onnx, silero_safetensors, tmp_path):
+    _same(vad_release, load_vad(release_onnx.parent))  # a folder holding Silero's .onnx
+    _same(vad_release, vad)  # Silero's safetensors layout
+    port = tmp_path / "port"
+    port.mkdir()
+    (port / silero_safetensors.name).write_bytes(silero_safetensors.read_bytes())
+    _same(vad_release, load_vad(port))  # a folder holding Silero's safetensors only
+    community = _mlx_community(release_onnx, tmp_path / "community")
     _same(vad_release, load_vad(community))
     loaded = mlx_speech.load(community)  # the registry: config.json model_type silero_vad
     assert isinstance(loaded, SileroVAD)
@@ -301,14 +365,21 @@ def test_loads_every_layout(vad, vad_release, wheel_dir, tmp_path):
     _same(vad_release, mlx_speech.load(out))
 
 
-def test_loading_errors_are_one_line(vad, wheel_dir, tmp_path, monkeypatch):
+def test_loads_the_wheels_files(wheel_dir):
+    _same(load_vad(wheel_dir / "silero_vad.onnx"), load_vad(wheel_dir))  # its data folder
+    load_vad(wheel_dir / "silero_vad_16k.safetensors")
+
+
+def test_loading_errors_are_one_line(vad, release_onnx, tmp_path, monkeypatch):
+    jit = tmp_path / "silero_vad.jit"
+    jit.write_bytes(b"PK\x03\x04")
     with pytest.raises(CheckpointError, match="not Silero VAD weights"):
-        load_vad(wheel_dir / "silero_vad.jit")
+        load_vad(jit)
     other = tmp_path / "other.safetensors"
     mx.save_safetensors(str(other), {"encoder.weight": mx.zeros((2, 2))})
     with pytest.raises(CheckpointError, match="not Silero VAD weights"):
         load_vad(other)
-    onnx = wheel_dir / "silero_vad.onnx"
+    onnx = release_onnx
     with pytest.raises(CheckpointError, match="missing key 'lstm.wh'"):
         load_vad(_mlx_community(onnx, tmp_path / "a", drop="vad_16k.lstm.Wh"))
     with pytest.raises(CheckpointError, match="unexpected key 'extra.weight'"):
@@ -331,11 +402,17 @@ def test_loading_errors_are_one_line(vad, wheel_dir, tmp_path, monkeypatch):
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "distribution", missing)
-    with pytest.raises(CheckpointError, match="pip install --no-deps silero-vad"):
+    with pytest.raises(CheckpointError, match="silero-vad wheel is not installed"):
+        wheel_weights()
+    _same(vad, load_vad())  # no wheel needed: the packaged model
+    import mlx_speech.models.silero_vad as sv
+
+    monkeypatch.setattr(sv, "PACKAGED", tmp_path / "gone" / "silero_vad.onnx")
+    with pytest.raises(CheckpointError, match="shipped with mlx_speech are missing.*reinstall"):
         load_vad()
 
 
-def test_no_torch_imported_to_find_the_wheel(wheel_dir):
+def test_no_torch_imported_to_load_the_default():
     import subprocess
     import sys
 
@@ -346,13 +423,13 @@ def test_no_torch_imported_to_find_the_wheel(wheel_dir):
     assert out.strip() == "[]"
 
 
-def test_hub_repo_from_prefilled_cache_offline(vad_release, wheel_dir, tmp_path):
+def test_hub_repo_from_prefilled_cache_offline(vad_release, release_onnx, tmp_path):
     """A hub id in mlx-community's layout, as huggingface_hub caches it (no network)."""
     import subprocess
     import sys
 
     repo = tmp_path / "hub" / "models--mlx-community--silero-vad-v6"
-    _mlx_community(wheel_dir / "silero_vad.onnx", repo / "snapshots" / ("a" * 40))
+    _mlx_community(release_onnx, repo / "snapshots" / ("a" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
     x = clip("two_utterances")[: 12 * FRAME]

@@ -32,7 +32,7 @@ import soundfile as sf  # noqa: E402
 
 from mlx_speech.audio.resample import resample  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
-from tests.test_server import ServerThread, pcm16, run, wav_bytes  # noqa: E402
+from tests.server_helpers import ServerThread, pcm16, run, wav_bytes  # noqa: E402
 from tests.web_helpers import (  # noqa: E402
     Taps,
     browser_missing,
@@ -545,3 +545,54 @@ def test_kyutai_web_client_converses_with_api_chat(browser, models):
     minutes, secs = audio.split(":")
     assert 60 * int(minutes) + float(secs) > 3.0, audio  # it played our audio
     assert len(shown) > 20 and want.startswith(shown), (shown, want)
+
+
+# ------------------------------------------------------------------ small screens, names, counts
+
+LONG_IDS = {  # served model id -> the tiny model behind it
+    "/Users/someone/Library/Caches/models/nemotron-speech-streaming-en-0.6b-4bit": "nemotron",
+    "mistralai/Voxtral-4B-TTS-2603": "voxtral-tts",
+    "kyutai/moshiko-pytorch-bf16": "moshi",
+    "nvidia/personaplex-7b-v1": "personaplex",
+}
+
+
+@pytest.mark.parametrize("width", [390, 320])
+def test_short_model_names_and_no_sideways_scroll_on_a_phone(browser, models, width):
+    """Tabs name each model by its repo or folder name (the full id in the tooltip), and at
+    phone widths no panel scrolls sideways."""
+    with ServerThread({i: models[k] for i, k in LONG_IDS.items()}) as s:
+        ctx, page = open_page(browser, s.base, viewport=(width, 740))
+        page.wait_for_selector("body[data-ready=true]")
+        tabs = page.locator("button.tab").evaluate_all(
+            "ts => ts.map(t => [t.dataset.model, t.querySelector('.name').textContent, t.title])")
+        assert [t[1] for t in tabs] == ["nemotron-speech-streaming-en-0.6b-4bit",
+                                        "Voxtral-4B-TTS-2603", "moshiko-pytorch-bf16",
+                                        "personaplex-7b-v1"]
+        assert all(mid in title for mid, _, title in tabs) and [t[0] for t in tabs] == list(
+            LONG_IDS)
+        for mid in LONG_IDS:
+            page.click(f"button.tab[data-model='{mid}']")
+            page.wait_for_selector(f"section.panel[data-model='{mid}']:not([hidden])")
+            sw, cw = page.evaluate("[document.scrollingElement.scrollWidth, "
+                                   "document.scrollingElement.clientWidth]")
+            assert sw <= cw, (width, mid, sw, cw)
+        assert page.errors == []
+        ctx.close()
+
+
+def test_counts_read_as_english(browser, site):
+    """"1 word", "2 words", "1 underrun": the page's counts go through one helper, and no
+    count is pluralised by hand."""
+    ctx, page = open_page(browser, site.base, KEY)
+    page.wait_for_selector("body[data-ready=true]")
+    got = page.evaluate("""async () => {
+      const { count } = await import("/web/ui.js");
+      return [count(1, "word"), count(2, "word"), count(0, "word"), count(1, "underrun"),
+              count(3, "underrun")];
+    }""")
+    assert got == ["1 word", "2 words", "0 words", "1 underrun", "3 underruns"]
+    ctx.close()
+    for f in WEB.glob("*.js"):
+        hand = re.findall(r"\}\s+(words|underruns|frames|turns)\b", f.read_text())
+        assert not hand, (f.name, hand)

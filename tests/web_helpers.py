@@ -47,11 +47,9 @@ def tiny_models(tmp: Path) -> dict[str, object]:
     from safetensors.numpy import save_file
 
     import mlx_speech
-    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
-    from tests.test_duplex_session import DELAYS
+    from tests.moshi_helpers import tiny_kyutai_moshi, write_folder
 
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
-    ky = write_folder(tmp / "moshi", kw, kyutai_weights(build_random_lm(kw)))
+    ky = tiny_kyutai_moshi(tmp / "moshi")
     pkw = json.loads((GOLDEN / "moshi" / "tiny_pp_config.json").read_text())
     pp = write_folder(tmp / "personaplex", pkw, GOLDEN / "moshi" / "tiny_pp.safetensors")
     (pp / "voices").mkdir()

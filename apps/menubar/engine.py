@@ -70,7 +70,7 @@ def default_load(folder: str):
 
 
 def default_vad():
-    """The Silero VAD (the silero-vad wheel's weights); a CheckpointError says how to get it."""
+    """The Silero VAD (Silero's release model, shipped with mlx_speech)."""
     from mlx_speech.models.silero_vad import load_vad
 
     return load_vad()

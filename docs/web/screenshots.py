@@ -26,7 +26,7 @@ def main() -> None:
 
     from mlx_speech.audio.resample import resample
     from tests.conftest import speechlike
-    from tests.test_server import ServerThread
+    from tests.server_helpers import ServerThread
     from tests.web_helpers import browser_missing, launch, open_page, panel, tiny_models
 
     if why := browser_missing():

@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a WebSocket after this long without client events")
     p.add_argument("--vad", metavar="PATH",
                    help="Silero VAD weights for server_vad / semantic_vad turn detection (a "
-                        ".safetensors file, folder or hub repo; default: the installed "
-                        "silero-vad wheel's, when there is one)")
+                        ".onnx or .safetensors file, folder or hub repo; default: Silero's "
+                        "release model, shipped with mlx_speech)")
     p.add_argument("--no-vad", action="store_true",
                    help="no server-side turn detection (clients commit each turn)")
     p.add_argument("--no-batch", action="store_true",
@@ -76,8 +76,8 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
 
 
 def load_server_vad(path: str | None):
-    """The VAD for turn detection: `path`, else the silero-vad wheel's weights when installed
-    (without them the server runs with client commits only, and says so)."""
+    """The VAD for turn detection: `path`, else Silero's release model shipped with mlx_speech
+    (should that be missing, the server runs with client commits only, and says so)."""
     from ..errors import CheckpointError
     from ..models.silero_vad import load_vad
 

@@ -271,14 +271,19 @@ def create_app(served: Served) -> FastAPI:
             seed = secrets.randbelow(2**31)
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise _http_error(400, "seed must be a non-negative integer", param="seed")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise _http_error(400, "stream must be true or false", param="stream")
         max_frames = body.get("max_frames")
         if max_frames is not None and (not isinstance(max_frames, int) or max_frames <= 0):
             raise _http_error(400, "max_frames must be a positive integer", param="max_frames")
-        # pcm, wav and opus stream as frames are decoded, every 4 frames (320 ms): a player
+        # pcm and opus stream as frames are decoded, every 4 frames (320 ms): a player
         # starting on the first chunk never waits, where generation is faster than real time,
-        # for a bigger one (4 then 16 frames needed 4x real time at the first join); mp3 and
-        # flac need the whole clip: made with generate()'s chunking, same samples
-        streaming = stream_format == "sse" or fmt in ("pcm", "wav", "opus")
+        # for a bigger one (4 then 16 frames needed 4x real time at the first join); wav too
+        # with `stream: true` (an extension; its header then carries the unknown-size marker).
+        # mp3, flac and wav otherwise come whole, wav with its exact sizes: made with
+        # generate()'s chunking, same samples
+        streaming = stream_format == "sse" or fmt in ("pcm", "opus") or (fmt == "wav" and stream)
         chunking = ({"first_frames": 4, "chunk_frames": 4} if streaming
                     else {"first_frames": 128, "chunk_frames": 128})
         loop = asyncio.get_running_loop()
@@ -307,8 +312,8 @@ def create_app(served: Served) -> FastAPI:
         finally:
             job.close()
         samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        return Response(encode_audio(samples, sr, fmt), media_type=SPEECH_FORMATS[fmt],
-                        headers=headers)
+        data = (wav_bytes(samples, sr) if fmt == "wav" else encode_audio(samples, sr, fmt))
+        return Response(data, media_type=SPEECH_FORMATS[fmt], headers=headers)
 
     from .kyutai import add_routes as add_kyutai
     from .page import add_routes as add_page
@@ -469,13 +474,24 @@ def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:
         return path.read_bytes()
 
 
-def _wav_header(sr: int) -> bytes:
-    """A streamed WAV's header: 16-bit mono, sizes unknown (0xFFFFFFFF, as streaming servers do)."""
+UNKNOWN_SIZE = 0xFFFFFFFF  # a chunked WAV stream's RIFF and data sizes, as streaming servers do
+
+
+def _wav_header(sr: int, n_samples: int | None = None) -> bytes:
+    """A 16-bit mono WAV header: the exact sizes for `n_samples`, or the unknown-size marker
+    (None: a chunked stream, whose length nobody knows when the header goes out)."""
     import struct
 
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt "
+    data = UNKNOWN_SIZE if n_samples is None else 2 * n_samples
+    riff = UNKNOWN_SIZE if n_samples is None else 36 + data
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
             + struct.pack("<IHHIIHH", 16, 1, 1, sr, sr * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+            + b"data" + struct.pack("<I", data))
+
+
+def wav_bytes(samples: np.ndarray, sr: int) -> bytes:
+    """A whole clip as 16-bit mono WAV with exact sizes: the samples a stream would carry."""
+    return _wav_header(sr, len(samples)) + _pcm16(samples)
 
 
 async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):

@@ -243,9 +243,10 @@ class VllmConnection(_Connection):
 # OpenAI's `transcription.delay` -> each model family's own streaming delay
 VOXTRAL_DELAY_MS = {"minimal": 80, "low": 240, "medium": 480, "high": 960, "xhigh": 2400}
 NEMOTRON_LATENCY_MS = {"minimal": 80, "low": 160, "medium": 560, "high": 1120, "xhigh": 1120}
-NO_VAD = ("server-side turn detection needs the Silero VAD weights: `pip install --no-deps "
-          "silero-vad` and restart the server (or start it with --vad PATH); until then send "
-          "turn_detection: null and commit each turn")
+NO_VAD = ("server-side turn detection needs the Silero VAD weights, which this server could "
+          "not load (it was started with --no-vad, or mlx_speech's packaged weights are "
+          "missing: start it with --vad PATH); until then send turn_detection: null and commit "
+          "each turn")
 
 
 def _ms(samples: int) -> int:

@@ -1,18 +1,18 @@
 """Silero VAD (v5 / v6, 16 kHz) in MLX: a speech probability per 32 ms frame, streaming.
 
     from mlx_speech.models.silero_vad import load_vad
-    vad = load_vad()                        # the `silero-vad` wheel's release model (no torch)
+    vad = load_vad()                        # Silero's release model, shipped with mlx_speech
     state = vad.make_state(batch=2)
     probs, state = vad(audio, state)        # audio (2, n * 512) float32 16 kHz -> (2, n)
     mx.eval(probs, *state.arrays())
 
-Weights, read without torch: by default the `silero-vad` wheel's `data/silero_vad.onnx`
-(`pip install --no-deps silero-vad`): Silero's v6.2 release, the network its JIT model, pipecat
-and LiveKit run. The wheel's `silero_vad_16k.safetensors` holds different weights (a port's,
-snakers4/silero-vad#768) and is used only when the .onnx is absent or when passed. Also: a
-local `.safetensors` / `.onnx` file or folder, a hub repo
-(mlx-community's `silero-vad` / `silero-vad-v6` layout), or our converted layout. Only the
-16 kHz network is implemented (Silero's 8 kHz branch is not).
+Weights, read without torch: by default `data/silero_vad.onnx`, shipped in this package (MIT,
+Silero Team; provenance and license in data/): Silero's v6.2 release from the `silero-vad`
+6.2.3 wheel, the network its JIT model, pipecat and LiveKit run. Also, when passed: the
+`silero-vad` wheel's files or data folder (its `silero_vad_16k.safetensors` holds different
+weights, a port's, snakers4/silero-vad#768), a local `.safetensors` / `.onnx` file or folder, a
+hub repo (mlx-community's `silero-vad` / `silero-vad-v6` layout), or our converted layout. Only
+the 16 kHz network is implemented (Silero's 8 kHz branch is not).
 """
 
 from __future__ import annotations
@@ -33,17 +33,25 @@ from .onnxfile import read_onnx
 from .weights import remap
 
 __all__ = ["CONTEXT", "FRAME", "SAMPLE_RATE", "SileroVAD", "VADState", "frame_probs", "load",
-           "load_vad", "weight_patterns", "wheel_weights"]
+           "load_vad", "packaged_weights", "weight_patterns", "wheel_weights"]
 
 MODEL_TYPE = "silero_vad"
 WHEEL_FILE = "silero_vad/data/silero_vad.onnx"  # Silero's release model
 WHEEL_PORT = "silero_vad/data/silero_vad_16k.safetensors"  # a port's weights (#768)
-_HOW = ("`pip install --no-deps silero-vad` (ships Silero's model files; --no-deps: "
-        "they need no torch), or pass a .onnx or .safetensors file, a folder or a hub repo id")
+PACKAGED = Path(__file__).parent / "data" / "silero_vad.onnx"  # Silero's v6.2 release, MIT
+_HOW = "pass a .onnx or .safetensors file, a folder or a hub repo id"
 
 
 def weight_patterns(folder: Path) -> list[str]:
     return ["*.safetensors"]
+
+
+def packaged_weights() -> Path:
+    """Silero's release model as shipped inside mlx_speech (`data/silero_vad.onnx`)."""
+    if not PACKAGED.is_file():
+        raise CheckpointError(f"the Silero VAD weights shipped with mlx_speech are missing "
+                              f"({PACKAGED}): reinstall mlx-speech, or {_HOW}")
+    return PACKAGED
 
 
 def wheel_weights() -> Path:
@@ -55,7 +63,8 @@ def wheel_weights() -> Path:
     try:
         dist = metadata.distribution("silero-vad")
     except metadata.PackageNotFoundError:
-        raise CheckpointError(f"no Silero VAD weights found: {_HOW}") from None
+        raise CheckpointError("the silero-vad wheel is not installed (mlx_speech ships Silero's "
+                              "release model: load_vad() with no path)") from None
     for name in (WHEEL_FILE, WHEEL_PORT):
         f = Path(str(dist.locate_file(name)))
         if f.is_file():
@@ -88,7 +97,7 @@ def _folder_file(folder: Path) -> Path:
 
 def _find(path: str | os.PathLike | None) -> Path:
     if path is None:
-        return wheel_weights()
+        return packaged_weights()
     p = Path(path).expanduser()
     if p.is_file():
         if p.suffix not in (".safetensors", ".onnx"):
@@ -106,7 +115,8 @@ def load_vad(path: str | os.PathLike | None = None, *, dtype: mx.Dtype | None = 
              quantize: int | None = None, group_size: int | None = None) -> SileroVAD:
     """Silero VAD, strictly (every key mapped, none missing) and memory-mapped.
 
-    `path`: None for the installed `silero-vad` wheel's release model; else a
+    `path`: None for Silero's release model shipped with mlx_speech (data/silero_vad.onnx,
+    the `silero-vad` 6.2.3 wheel's); else a
     `.safetensors` file, one of Silero's `.onnx` models (read without onnx / onnxruntime; the
     wheel's `silero_vad.onnx` is Silero's v6.2 release, which its JIT model shares and its
     safetensors does not), a folder (our converted layout, mlx-community's, or one holding

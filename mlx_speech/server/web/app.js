@@ -63,12 +63,28 @@ async function modelsWithKey() {
   }
 }
 
+/** Each id's repo or folder name (`mistralai/Voxtral-4B-TTS-2603` -> `Voxtral-4B-TTS-2603`,
+ * `/models/vr-4bit/` -> `vr-4bit`), with more of the path where two would read the same. */
+function shortNames(ids) {
+  const parts = ids.map((id) => id.split(/[\\/]+/).filter(Boolean));
+  const names = new Map();
+  for (const [i, id] of ids.entries()) {
+    let k = 1;
+    const tail = (p, n) => p.slice(-n).join("/");
+    while (k < parts[i].length &&
+           parts.some((p, j) => j !== i && tail(p, k) === tail(parts[i], k))) k += 1;
+    names.set(id, tail(parts[i], k) || id);
+  }
+  return names;
+}
+
 function buildTabs(models) {
   const tabs = $("tabs");
   const main = $("main");
   tabs.textContent = "";
   main.textContent = "";
   const panels = new Map();
+  const names = shortNames(models.map((m) => m.id));
   for (const m of models) {
     const kind = KINDS[m.kind];
     if (!kind) continue;
@@ -79,7 +95,7 @@ function buildTabs(models) {
     tab.dataset.model = m.id;
     tab.innerHTML = '<span class="kind"></span><span class="name"></span>';
     tab.querySelector(".kind").textContent = kind[0];
-    tab.querySelector(".name").textContent = m.id;
+    tab.querySelector(".name").textContent = names.get(m.id);
     tab.title = `${m.id} (${kind[0]}, ${m.sample_rate / 1000} kHz)`;
     tab.addEventListener("click", () => {
       location.hash = `model=${encodeURIComponent(m.id)}`;

@@ -3,7 +3,7 @@
 
 import { apiFetch, closeReason, openSocket, sseEvents } from "./api.js";
 import { FRAME_S, audioContext, bytesToBase64, floatToPcm16, meterWidth, openMic, rms } from "./audio.js";
-import { clearError, instantiate, saveBlob, seconds, setState, showError, stem } from "./ui.js";
+import { clearError, count, instantiate, saveBlob, seconds, setState, showError, stem } from "./ui.js";
 
 export function createAsr(model) {
   const { node, el } = instantiate("tpl-asr");
@@ -246,7 +246,7 @@ function fileTranscription(model, el) {
       renderWords(el, result);
       el.downloads.hidden = false;
       setState(el.fstate, "idle", "done");
-      el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${result.words.length} words`;
+      el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${count(result.words.length, "word")}`;
     } catch (e) {
       showError(el.ferror, e);
       setState(el.fstate, "error", "error");

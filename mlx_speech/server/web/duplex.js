@@ -4,7 +4,7 @@
 
 import { closeReason, openSocket } from "./api.js";
 import { FRAME_S, Player, audioContext, floatToPcm16, meterWidth, openMic, pcm16FromBytes, pcm16ToFloat, rms } from "./audio.js";
-import { clearError, instantiate, setState, showError } from "./ui.js";
+import { clearError, count, instantiate, setState, showError } from "./ui.js";
 
 const HANDSHAKE = 0, AUDIO = 1, TEXT = 2, ERROR = 5;
 const SPEAKING_RMS = 0.015; // the model's output above this level counts as speaking
@@ -97,8 +97,8 @@ function converse(model, el, onEnd) {
       if (level > SPEAKING_RMS) setState(el.state, "speaking", "speaking");
       else setState(el.state, "listening", "listening");
     }
-    el.stats.textContent = `↑ ${sent} frames sent · ↓ ${received} received · ` +
-      `${Math.round(player.ahead * 1000)} ms queued to play · ${player.underruns} underruns` +
+    el.stats.textContent = `↑ ${count(sent, "frame")} sent · ↓ ${received} received · ` +
+      `${Math.round(player.ahead * 1000)} ms queued to play · ${count(player.underruns, "underrun")}` +
       (player.dropped ? ` · ${(player.dropped / rate).toFixed(2)} s skipped to stay live` : "") +
       ` · seed ${params.get("seed")}`;
   }, 100);

@@ -34,6 +34,11 @@ export function saveBlob(blob, name) {
   setTimeout(() => URL.revokeObjectURL(a.href), 10000);
 }
 
+/** "1 word", "2 words", "0 words": a count and its noun (regular plurals). */
+export function count(n, noun) {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
+}
+
 export function seconds(s) {
   return `${s.toFixed(1)} s`;
 }
