@@ -134,8 +134,8 @@ def test_batched_equals_alone(model, golden, wav):
     pos = [0, 0, 0]
     while any(p < len(a) for p, a in zip(pos, audios, strict=True)):
         live = [i for i in range(3) if pos[i] < len(audios[i])]
-        outs = model.feed_many([sessions[i] for i in live],
-                               [audios[i][pos[i]: pos[i] + sizes[i]] for i in live])
+        outs = model.feed_many([(sessions[i], audios[i][pos[i]: pos[i] + sizes[i]])
+                                for i in live])
         for i, o in zip(live, outs, strict=True):
             got[i].append(o)
             pos[i] += sizes[i]
@@ -168,6 +168,21 @@ def test_no_fifo_and_other_streaming_parameters(model, wav):
     assert probs.shape == (125, 4) and np.isfinite(probs).all()
     with pytest.raises(CheckpointError):
         model.session(no_such_parameter=1)
+
+
+def test_bad_input_is_one_clear_error(model):
+    from mlx_speech.errors import MlxSpeechError
+
+    s, other = model.session(), model.session()
+    with pytest.raises(MlxSpeechError):
+        model.feed_many([(s, np.zeros(10, np.float32)), (s, np.zeros(10, np.float32))])
+    with pytest.raises(MlxSpeechError):
+        model.feed_many([(other, np.zeros(10, np.float32)),
+                         (s, np.full(10, np.nan, np.float32))])
+    assert other.n_mel == 0  # nothing fed when any input is bad
+    s.finish()
+    with pytest.raises(MlxSpeechError):
+        s.feed(np.zeros(10, np.float32))
 
 
 def test_compression_keeps_speakers_in_arrival_order(model):

@@ -66,16 +66,19 @@ class SortformerDiarizer:
                 raise MlxSpeechError("the same session was passed twice")
             seen.add(id(s))
 
-    def feed_many(self, sessions: list[DiarizerSession],
-                  audios: list[np.ndarray]) -> list[np.ndarray]:
-        """Feed each session its samples; returns each one's new frames (n, n_spk)."""
+    def feed_many(self, pairs) -> list[np.ndarray]:
+        """Feed each session its chunk (16 kHz mono float32, any size): `[(session, audio)]`
+        as the ASR families take it. Returns each session's new frames (n, n_spk), exactly
+        as `[s.feed(a) for s, a in pairs]` would, the model work batched into shared steps.
+        Input is checked before any session is fed."""
+        sessions = [s for s, _ in pairs]
         self._check(sessions)
-        if len(sessions) != len(audios):
-            raise MlxSpeechError("feed_many needs one audio array per session")
-        for s, x in zip(sessions, audios, strict=True):
+        for s in sessions:
             if s.finished:
-                raise MlxSpeechError("feed() after finish()")
-            s._push(s.mel.feed(check_audio(x)))
+                raise MlxSpeechError("session already finished; start a new one")
+        audios = [check_audio(a) for _, a in pairs]
+        for s, x in zip(sessions, audios, strict=True):
+            s._push(s.mel.feed(x))
         return self._run(sessions, final=False)
 
     def finish_many(self, sessions: list[DiarizerSession]) -> list[np.ndarray]:

@@ -97,7 +97,7 @@ class DiarizerSession:
         return self.frames * FRAME_S
 
     def feed(self, samples: np.ndarray) -> np.ndarray:
-        return self.owner.feed_many([self], [samples])[0]
+        return self.owner.feed_many([(self, samples)])[0]
 
     def finish(self) -> np.ndarray:
         return self.owner.finish_many([self])[0]
