@@ -43,6 +43,7 @@ class Served:
     idle_timeout_s: float = 300.0
     created: int = 0
     vad: object | None = None  # a loaded Silero VAD: server_vad / semantic_vad turn detection
+    diarizer: object | None = None  # a loaded diarizer (--diarizer): speakers in transcripts
 
     def kind(self, model_id: str) -> str:
         return model_kind(self.models[model_id])
