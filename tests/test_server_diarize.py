@@ -6,6 +6,7 @@ Nemotron ASR and tiny Sortformer on the three-voice espeak-ng recording."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,83 @@ def test_no_diarizer_is_a_clear_400():
         with pytest.raises(openai.BadRequestError, match="no diarizer"):
             client.audio.transcriptions.create(model="nm", file=_file(x),
                                                response_format="diarized_json")
+
+
+websockets = pytest.importorskip("websockets")
+
+
+def test_realtime_completed_items_carry_a_speaker(setup):
+    import asyncio
+    import base64
+    import json
+
+    from mlx_speech.audio.resample import resample
+
+    srv, asr, diar, x = setup
+    pcm = (np.clip(resample(x, 16000, 24000), -1, 1) * 32767).astype(np.int16)
+    halves = [pcm[: len(pcm) // 2], pcm[len(pcm) // 2:]]
+
+    async def go(diarize: bool):
+        url = srv.ws + "/v1/realtime?intent=transcription&model=nm"
+        done = []
+        async with websockets.connect(url, subprotocols=[
+                "realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
+            tr = {"model": "nm", **({"diarize": True} if diarize else {})}
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {
+                    "format": {"type": "audio/pcm", "rate": 24000}, "transcription": tr,
+                    "turn_detection": None}}}}))
+            for half in halves:  # two items, one speaker numbering across them
+                b = half.tobytes()
+                for i in range(0, len(b), 9600):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(b[i:i + 9600]).decode()}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            updated = None
+            while len(done) < 2:
+                ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                assert ev["type"] != "error", ev
+                if ev["type"] == "session.updated":
+                    updated = ev
+                if ev["type"].endswith(".completed"):
+                    done.append(ev)
+        return updated, done
+
+    updated, done = asyncio.run(go(True))
+    assert updated["session"]["audio"]["input"]["transcription"]["diarize"] is True
+    for ev in done:
+        assert re.fullmatch(r"Speaker \d", ev["speaker"]), ev
+        if "speaker_segments" in ev:
+            segs = ev["speaker_segments"]
+            assert len({s["speaker"] for s in segs}) > 1
+            assert " ".join(s["text"] for s in segs).split() == ev["transcript"].split()
+    assert done[0]["speaker"] == "Speaker 1"
+    _, plain = asyncio.run(go(False))
+    assert all("speaker" not in ev and "speaker_segments" not in ev for ev in plain)
+    assert [e["transcript"] for e in plain] == [e["transcript"] for e in done]
+
+
+def test_item_speaker_fields_on_the_connection_timeline():
+    from mlx_speech.models.asr import Transcript, Word
+    from mlx_speech.server.diarization import ConnectionSpeakers
+
+    sp = ConnectionSpeakers.__new__(ConnectionSpeakers)
+    from mlx_speech.diarize import SpeakerTurns
+
+    sp.turns, sp.starts, sp.pushed, sp.base = SpeakerTurns(), {}, 0, 0
+    probs = np.zeros((50, 4), np.float32)
+    probs[:25, 2] = 0.9  # slot 2 for the first 2 s, slot 0 after
+    probs[25:, 0] = 0.9
+    sp.probs = probs
+    sp.pushed = 16000  # item a starts 1 s into the connection
+    sp.start_item("a")
+    words = [Word("one", 0.1, 0.4), Word("two", 0.5, 0.8), Word("three", 1.2, 1.6)]
+    f = sp.fields("a", Transcript("one two three", [], words))
+    assert f["speaker"] == "Speaker 1"  # two words at 1.1-1.8 s: slot 2
+    assert f["speaker_segments"] == [
+        {"speaker": "Speaker 1", "start": 0.1, "end": 0.8, "text": "one two"},
+        {"speaker": "Speaker 2", "start": 1.2, "end": 1.6, "text": "three"}]
+    sp.base = 32000  # a VAD turn starting at TurnStream sample 8000
+    sp.start_item("b", 8000)
+    g = sp.fields("b", Transcript("x", [], [Word("x", 0.0, 0.3)]))
+    assert g == {"speaker": "Speaker 2"}  # 2.5 s on the connection: slot 0, named second

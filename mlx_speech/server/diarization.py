@@ -94,3 +94,121 @@ def speaker_fields(out: dict, d) -> dict:
         for w, sw in zip(out["words"], d.words, strict=True):
             w["speaker_id"] = _speaker_id(sw.speaker)
     return out
+
+
+# -- realtime: a speaker on every completed item ---------------------------------------------
+
+class _Frames:
+    """A feed's new frames; truthy only when there are some (the engine emits a "delta" per
+    truthy feed result, as it does for text)."""
+
+    def __init__(self, probs: np.ndarray):
+        self.probs = probs
+
+    def __bool__(self) -> bool:
+        return len(self.probs) > 0
+
+
+class _Session:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def result(self):
+        return None
+
+
+class DiarizerOwner:
+    """A diarizer behind the engine's transcription-stream interface (`feed_many` /
+    `finish_many` / `session()`), so every connection's diarizer stream is stepped by the
+    engine, batched with the other connections'."""
+
+    def __init__(self, diarizer):
+        self.diarizer = diarizer
+        self.sample_rate = diarizer.sample_rate
+
+    def session(self) -> _Session:
+        return _Session(self.diarizer.session())
+
+    def feed_many(self, pairs) -> list[_Frames]:
+        return [_Frames(p) for p in self.diarizer.feed_many([(s.inner, x) for s, x in pairs])]
+
+    def finish_many(self, sessions) -> list[_Frames]:
+        return [_Frames(p) for p in self.diarizer.finish_many([s.inner for s in sessions])]
+
+
+_OWNERS: dict[int, DiarizerOwner] = {}
+
+
+def owner_for(diarizer) -> DiarizerOwner:
+    o = _OWNERS.get(id(diarizer))
+    if o is None or o.diarizer is not diarizer:
+        o = _OWNERS[id(diarizer)] = DiarizerOwner(diarizer)
+    return o
+
+
+class ConnectionSpeakers:
+    """One realtime connection's speakers: a diarizer stream over all of its 16 kHz audio
+    (items and turns alike, one timeline), each item's start on that timeline, and the labels
+    ("Speaker 1", ... by first appearance, kept for the whole connection) of each completed
+    item's words. Frames lag the audio by the diarizer's chunk latency; an item completed
+    before its last frames exist is labelled with the frames there are (words past them take
+    the last frame's speaker)."""
+
+    def __init__(self, engine, diarizer, sink):
+        from ..diarize import SpeakerTurns
+
+        owner = owner_for(diarizer)
+        self.stream = engine.open_asr(owner, owner.session, sink)
+        self.probs = np.zeros((0, diarizer.n_speakers), np.float32)
+        self.pushed = 0  # samples on the connection's timeline
+        self.base = 0  # where the current TurnStream's sample 0 sits on that timeline
+        self.starts: dict[str, int] = {}
+        self.turns = SpeakerTurns()
+
+    def push(self, y: np.ndarray) -> None:
+        from .engine import BufferFull
+
+        if len(y):
+            try:
+                self.stream.push(y)
+            except BufferFull:  # the diarizer is far behind: its frames end earlier
+                pass
+            self.pushed += len(y)
+
+    def event(self, ev) -> None:
+        if ev[0] in ("delta", "done") and ev[1]:
+            self.probs = np.concatenate([self.probs, ev[1].probs])
+
+    def start_item(self, item: str, at: int | None = None) -> None:
+        """`item` starts now (client commits) or at TurnStream sample `at` (VAD turns)."""
+        self.starts[item] = self.pushed if at is None else self.base + at
+
+    def fields(self, item: str, result) -> dict:
+        """`speaker` for a completed item (its words' most common label) and, when its words
+        hold several speakers, `speaker_segments` [{speaker, start, end, text}] in seconds
+        on the item's own clock."""
+        from ..models.asr import Word
+
+        off = self.starts.pop(item, self.pushed) / 16000
+        words = list(getattr(result, "words", None) or [])
+        if not words or not len(self.probs):
+            return {"speaker": self.turns.last}
+        shifted = [Word(w.text, w.start + off, w.end + off) for w in words]
+        labels = self.turns.label(shifted, self.probs)
+        counts: dict = {}
+        for lab in labels:
+            counts[lab] = counts.get(lab, 0) + 1
+        out = {"speaker": max(counts, key=lambda k: (counts[k], -labels.index(k)))}
+        if len(counts) > 1:
+            segs = []
+            for w, lab in zip(words, labels, strict=True):
+                if segs and segs[-1]["speaker"] == lab:
+                    segs[-1]["end"], segs[-1]["text"] = w.end, segs[-1]["text"] + " " + w.text
+                else:
+                    segs.append({"speaker": lab, "start": w.start, "end": w.end, "text": w.text})
+            out["speaker_segments"] = [dict(s, start=round(s["start"], 3),
+                                            end=round(s["end"], 3)) for s in segs]
+        return out
+
+    def close(self) -> None:
+        self.stream.close()

@@ -98,6 +98,8 @@ class _Connection:
             for s in self.streams.values():  # free every session at once
                 s.close()
             self.streams.clear()
+            if getattr(self, "speakers", None) is not None:  # diarize: true
+                self.speakers.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(), 1.0)
             writer.cancel()
@@ -273,6 +275,7 @@ class OpenAIConnection(_Connection):
         self.turns = None  # the TurnStream, once audio came in VAD mode
         self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
         self.legacy = False
+        self.speakers = None  # transcription.diarize: a ConnectionSpeakers
         try:  # ?model=..., else the only ASR model when there is one
             self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
@@ -286,6 +289,8 @@ class OpenAIConnection(_Connection):
         tr = {"model": self.model_id}
         if self.delay is not None:
             tr["delay"] = self.delay
+        if self.speakers is not None:
+            tr["diarize"] = True
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
@@ -336,7 +341,10 @@ class OpenAIConnection(_Connection):
                 return
             s, item = self.streams[self.item], self.item
             try:
-                s.push(self.resampler.finish())
+                tail = self.resampler.finish()
+                if self.speakers is not None:
+                    self.speakers.push(tail)
+                s.push(tail)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
             s.end()
@@ -422,6 +430,15 @@ class OpenAIConnection(_Connection):
                            "turning turn detection on", eid)
                 return
         tr = inp.get("transcription") or {}
+        if tr.get("diarize") and self.speakers is None:  # speakers on completed items
+            if self.served.diarizer is None:
+                self.error("invalid_value", "this server has no diarizer (start it with "
+                           "--diarizer)", eid, "session.audio.input.transcription.diarize")
+                return
+            from .diarization import ConnectionSpeakers
+
+            self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
+                                               AsyncSink(self.out, self.loop, "speakers"))
         delay = tr.get("delay", self.delay)
         if delay is not None and delay not in VOXTRAL_DELAY_MS:
             self.error("invalid_value", f"transcription.delay must be one of "
@@ -477,8 +494,13 @@ class OpenAIConnection(_Connection):
                     lambda item: AsyncSink(self.out, self.loop, item), self.turn_config,
                     lambda: f"item_{secrets.token_hex(8)}")
                 self.streams["turns"] = self.turns
+                if self.speakers is not None:
+                    self.speakers.base = self.speakers.pushed
             try:
-                self.turns.push(self.resampler.feed(x))
+                y = self.resampler.feed(x)
+                if self.speakers is not None:
+                    self.speakers.push(y)
+                self.turns.push(y)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
@@ -489,8 +511,12 @@ class OpenAIConnection(_Connection):
                                      AsyncSink(self.out, self.loop, self.item))
             self.streams[self.item] = s
             self.texts[self.item] = TextDeltas()
+            if self.speakers is not None:
+                self.speakers.start_item(self.item)
         # resample first (its state must see every sample), then queue
         y = self.resampler.feed(x)
+        if self.speakers is not None:
+            self.speakers.push(y)
         try:
             self.streams[self.item].push(y)
         except BufferFull as e:
@@ -502,6 +528,8 @@ class OpenAIConnection(_Connection):
         kind = ev[0]
         base = {"event_id": self._event_id()}
         if kind == "started":
+            if self.speakers is not None:
+                self.speakers.start_item(ev[1], ev[2])
             self.texts[ev[1]] = TextDeltas()
             self.held[ev[1]] = []
             return [{"type": "input_audio_buffer.speech_started", **base, "item_id": ev[1],
@@ -512,6 +540,8 @@ class OpenAIConnection(_Connection):
                 out.append({"type": "input_audio_buffer.speech_stopped", **base,
                             "item_id": item, "audio_end_ms": _ms(ev[2])})
             elif kind == "timeout":
+                if self.speakers is not None:
+                    self.speakers.start_item(item, ev[2])
                 self.texts[item] = TextDeltas()
                 out.append({"type": "input_audio_buffer.timeout_triggered", **base,
                             "item_id": item, "audio_start_ms": _ms(ev[2]),
@@ -534,6 +564,9 @@ class OpenAIConnection(_Connection):
     def engine_event(self, item: str, ev) -> list[dict]:
         if item == "turns":
             return self.turn_event(ev)
+        if item == "speakers":
+            self.speakers.event(ev)
+            return []
         text = self.texts.get(item)
         base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
         out = []
@@ -552,7 +585,8 @@ class OpenAIConnection(_Connection):
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]}})
+                                  "total_tokens": u["total_tokens"]},
+                        **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
         elif ev[0] == "error":
             self.stream_done(item)
