@@ -57,6 +57,8 @@ class Served:
             out["voices"] = list(m.voices)
         if self.kind(model_id) == "duplex":
             out["family"] = m.family
+        if self.kind(model_id) == "asr" and self.diarizer is not None:
+            out["diarize"] = True  # the server can label speakers (--diarizer)
         return out
 
     def find(self, name: str | None, kind: str) -> tuple[str, object]:
