@@ -174,3 +174,42 @@ def test_item_speaker_fields_on_the_connection_timeline():
     sp.start_item("b", 8000)
     g = sp.fields("b", Transcript("x", [], [Word("x", 0.0, 0.3)]))
     assert g == {"speaker": "Speaker 2"}  # 2.5 s on the connection: slot 0, named second
+
+
+def test_vllm_dialect_utterances_carry_a_speaker(setup):
+    import asyncio
+    import base64
+    import json
+
+    srv, asr, diar, x = setup
+    pcm = (np.clip(x, -1, 1) * 32767).astype(np.int16)
+    halves = [pcm[: len(pcm) // 2], pcm[len(pcm) // 2:]]
+
+    async def go(diarize: bool):
+        done = []
+        async with websockets.connect(srv.ws + "/v1/realtime", additional_headers={
+                "Authorization": f"Bearer {KEY}"}) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "model": "nm",
+                                      **({"diarize": True} if diarize else {})}))
+            for half in halves:  # two utterances on one connection
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                b = half.tobytes()
+                for i in range(0, len(b), 8000):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(b[i:i + 8000]).decode()}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                while True:
+                    ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                    assert ev["type"] in ("transcription.delta", "transcription.done"), ev
+                    if ev["type"] == "transcription.done":
+                        done.append(ev)
+                        break
+        return done
+
+    done = asyncio.run(go(True))
+    assert done[0]["speaker"] == "Speaker 1"
+    assert all(re.fullmatch(r"Speaker \d", ev["speaker"]) for ev in done)
+    plain = asyncio.run(go(False))
+    assert all("speaker" not in ev for ev in plain)
+    assert [e["text"] for e in plain] == [e["text"] for e in done]

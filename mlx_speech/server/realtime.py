@@ -155,6 +155,7 @@ class VllmConnection(_Connection):
         self.item: str | None = None  # the running utterance
         self.n_items = 0
         self.seconds: dict[str, float] = {}
+        self.speakers = None  # session.update diarize: true -> a ConnectionSpeakers
 
     def hello(self) -> None:
         self.send({"type": "session.created", "id": f"sess-{secrets.token_hex(12)}",
@@ -170,6 +171,16 @@ class VllmConnection(_Connection):
                 self.model_id, self.model = self.served.find(event.get("model"), "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
+                return
+            if event.get("diarize") and self.speakers is None:  # speakers on each utterance
+                if self.served.diarizer is None:
+                    self.error("invalid_value", "this server has no diarizer (start it with "
+                               "--diarizer)")
+                    return
+                from .diarization import ConnectionSpeakers
+
+                self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
+                                                   AsyncSink(self.out, self.loop, "speakers"))
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -206,6 +217,8 @@ class VllmConnection(_Connection):
         try:
             s.push(x)
             self.seconds[self.item] += len(x) / VLLM_RATE
+            if self.speakers is not None:
+                self.speakers.push(x)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken")
 
@@ -214,13 +227,20 @@ class VllmConnection(_Connection):
         self.item = f"utt-{self.n_items}"
         s = self.open_stream(self.item)
         self.seconds[self.item] = 0.0
+        if self.speakers is not None:
+            self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
         if pending:
             x = np.concatenate(pending)
             s.push(x)
             self.seconds[self.item] += len(x) / VLLM_RATE
+            if self.speakers is not None:
+                self.speakers.push(x)
 
     def engine_event(self, item: str, ev) -> list[dict]:
+        if item == "speakers":
+            self.speakers.event(ev)
+            return []
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
@@ -231,7 +251,8 @@ class VllmConnection(_Connection):
             if d := text.final(result.text):
                 out.append({"type": "transcription.delta", "delta": d})
             out.append({"type": "transcription.done", "text": result.text,
-                        "usage": usage(result, self.seconds.pop(item, 0.0))})
+                        "usage": usage(result, self.seconds.pop(item, 0.0)),
+                        **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
             return out
         if ev[0] == "error":
@@ -342,9 +363,9 @@ class OpenAIConnection(_Connection):
             s, item = self.streams[self.item], self.item
             try:
                 tail = self.resampler.finish()
+                s.push(tail)
                 if self.speakers is not None:
                     self.speakers.push(tail)
-                s.push(tail)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
             s.end()
@@ -498,9 +519,9 @@ class OpenAIConnection(_Connection):
                     self.speakers.base = self.speakers.pushed
             try:
                 y = self.resampler.feed(x)
-                if self.speakers is not None:
-                    self.speakers.push(y)
                 self.turns.push(y)
+                if self.speakers is not None:  # what the turns took, on one timeline
+                    self.speakers.push(y)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
@@ -515,10 +536,10 @@ class OpenAIConnection(_Connection):
                 self.speakers.start_item(self.item)
         # resample first (its state must see every sample), then queue
         y = self.resampler.feed(x)
-        if self.speakers is not None:
-            self.speakers.push(y)
         try:
             self.streams[self.item].push(y)
+            if self.speakers is not None:  # what the item took, on one timeline
+                self.speakers.push(y)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken", eid)
 
