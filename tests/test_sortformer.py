@@ -266,3 +266,15 @@ def test_convert_round_trip(model, wav, tmp_path):
     m = mlx_speech.load(out)
     x = wav[: 16000 * 4]
     np.testing.assert_array_equal(m.probabilities(x), model.probabilities(x))
+
+
+def test_quantize_on_load_keeps_the_stem_and_heads(model, wav):
+    import mlx.nn as nn
+
+    q = sortformer.load(NEMO, quantize=8, group_size=32)
+    assert isinstance(q.model.fc_encoder.layers[0].feed_forward1.linear1, nn.QuantizedLinear)
+    assert isinstance(q.model.tf_encoder.layers[0].fc2, nn.QuantizedLinear)  # width 32
+    assert not isinstance(q.model.fc_encoder.subsampling.linear, nn.QuantizedLinear)
+    assert not isinstance(q.model.sortformer_modules.single_hidden_to_spks, nn.QuantizedLinear)
+    probs = q.probabilities(wav[: 16000 * 3])
+    assert probs.shape == (38, 4) and np.isfinite(probs).all()
