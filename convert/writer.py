@@ -181,7 +181,7 @@ def load_source(src: str | Path, quantize: int | None = None, group_size: int | 
         kind, path = archive_type(p), p
     else:
         path = resolve(src, weight_patterns)
-        kind = detect_model_type(path)
+        kind = archive_type(path) if path.is_file() else detect_model_type(path)
     kwargs = {}
     if dtype is not None:
         kwargs["dtype"] = getattr(mx, DTYPES[dtype])

@@ -32,6 +32,8 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
         return model_module(archive_type(p)).load(p, **kwargs)
     folder = resolve(path_or_repo, weight_patterns)
+    if folder.is_file():  # a hub repo holding one .nemo archive
+        return model_module(archive_type(folder)).load(folder, **kwargs)
     return model_module(detect_model_type(folder)).load(folder, **kwargs)
 
 

@@ -278,3 +278,27 @@ def test_quantize_on_load_keeps_the_stem_and_heads(model, wav):
     assert not isinstance(q.model.sortformer_modules.single_hidden_to_spks, nn.QuantizedLinear)
     probs = q.probabilities(wav[: 16000 * 3])
     assert probs.shape == (38, 4) and np.isfinite(probs).all()
+
+
+def test_hub_repo_holding_only_the_nemo(tmp_path):
+    """NVIDIA's repo has no config.json, only `diar_streaming_sortformer_4spk-v2.1.nemo`."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--nvidia--tiny-sortformer"
+    snap = repo / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    shutil.copy(NEMO, snap / "tiny-sortformer.nemo")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    code = ("import mlx_speech; m = mlx_speech.load('nvidia/tiny-sortformer'); "
+            "print(m.kind, m.config.chunk_len)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["diarizer", "6"]
