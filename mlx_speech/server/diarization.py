@@ -81,13 +81,8 @@ def _speaker_id(label: str | None) -> str | None:
     return None if label is None else "speaker_" + label.rsplit(" ", 1)[-1]
 
 
-def verbose_segments(d) -> list:
-    """writers.Segment cues with speakers, for verbose_json (each gets `speaker_id`)."""
-    return d.segments
-
-
 def speaker_fields(out: dict, d) -> dict:
-    """Add `speaker_id` to a verbose_json response built from `verbose_segments(d)`."""
+    """Add `speaker_id` to a verbose_json response built from `d.segments`."""
     for seg, s in zip(out["segments"], d.segments, strict=True):
         seg["speaker_id"] = _speaker_id(s.speaker)
     if "words" in out:
