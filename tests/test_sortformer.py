@@ -302,3 +302,27 @@ def test_hub_repo_holding_only_the_nemo(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["diarizer", "6"]
+
+
+def test_gpu_batch_padding_changes_nothing(model, wav, monkeypatch):
+    """On GPU backends a step's batch is padded to a power of two with copies of its first row
+    (fewer shapes for the backend's graph caches); forced on here, three streams step as four
+    and give what they give alone."""
+    monkeypatch.setattr(streaming_mod, "PAD_BATCH", True)
+    sizes = []
+    real = model.model.infer
+
+    def spy(x, lengths=None):
+        sizes.append(x.shape[0])
+        return real(x, lengths)
+
+    monkeypatch.setattr(model.model, "infer", spy)
+    audios = [wav[: 16000 * 3], wav[16000: 16000 * 5], wav[: 16000 * 2]]
+    sessions = [model.session() for _ in audios]
+    got = model.feed_many(list(zip(sessions, audios, strict=True)))
+    got = [np.concatenate([g, f]) for g, f in zip(got, model.finish_many(sessions), strict=True)]
+    assert 4 in sizes and set(sizes) <= {1, 2, 4}
+    monkeypatch.setattr(streaming_mod, "PAD_BATCH", False)
+    for a, g in zip(audios, got, strict=True):
+        s = model.session()
+        np.testing.assert_allclose(g, np.concatenate([s.feed(a), s.finish()]), atol=1e-5, rtol=0)

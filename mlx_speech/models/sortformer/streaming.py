@@ -36,6 +36,15 @@ from .config import SortformerConfig
 from .model import Sortformer, conv_out_len
 
 SUB = 8  # mel frames per diarization frame
+# Pad a step's batch to a power of two with copies of its first row (dropped after the step):
+# GPU backends build a graph per input shape, so a server's changing stream count then reuses a
+# few shapes (as Nemotron's batches do). On the CPU a padded row costs a real one: None = GPU only.
+PAD_BATCH: bool | None = None
+
+
+def _padded(n: int) -> int:
+    on = PAD_BATCH if PAD_BATCH is not None else mx.default_device().type == mx.DeviceType.gpu
+    return 1 << (n - 1).bit_length() if on else n
 
 
 @dataclass
@@ -145,6 +154,11 @@ def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
     """Advance each stream by one chunk (one batched network call); returns each chunk's
     speaker probabilities (its `chunk` frames, n_spk) as float32 numpy."""
     c = config
+    n_real = len(states)
+    pad = _padded(n_real) - n_real  # padded rows repeat row 0; their outputs are dropped
+    if pad:
+        states = list(states) + [states[0]] * pad
+        chunks = list(chunks) + [chunks[0]] * pad
     B = len(states)
     rows = states[0].buffer.shape[0]
     lc_max, rc_max = c.chunk_left_context, c.chunk_right_context
@@ -171,10 +185,14 @@ def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
         lengths[b] = n
     x = mx.take_along_axis(src, mx.array(gather)[..., None], axis=1)
     probs = model.infer(x, mx.array(lengths))
+    if pad:
+        states, chunks, B = states[:n_real], chunks[:n_real], n_real
+        probs, src, emb_len = probs[:B], src[:B], emb_len[:B]
     mx.eval(probs, src)
     probs_np = np.array(probs.astype(mx.float32))
 
-    outs, new_idx, new_dis, sil_w, has_sil = [], [], [], np.zeros((B, rows + l_max), np.float32), []
+    outs, new_idx, new_dis, has_sil = [], [], [], []
+    sil_w = np.zeros((B, rows + l_max), np.float32)
     sizes = []
     for b, (s, ch) in enumerate(zip(states, chunks, strict=True)):
         p = probs_np[b]
