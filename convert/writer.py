@@ -101,6 +101,11 @@ def _plan_moshi(plan: _Plan, folder: Path, loaded) -> None:
         _copy_voices(plan, list_voices(voice_dir(folder)), "voices")
 
 
+def _plan_sortformer(plan: _Plan, src: Path, loaded) -> None:
+    plan.files["config.json"] = loaded.config.to_mlx_audio()  # mlx-audio's form, which we read
+    plan.parts["model"] = ("model.safetensors", loaded.model)
+
+
 def _plan_vad(plan: _Plan, folder: Path, loaded) -> None:
     plan.files["config.json"] = {"model_type": "silero_vad"}
     plan.parts["model"] = ("model.safetensors", loaded)
@@ -109,7 +114,7 @@ def _plan_vad(plan: _Plan, folder: Path, loaded) -> None:
 PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
          "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi,
          "personaplex": _plan_moshi,  # the community PersonaPlex MLX layout -> moshi
-         "silero_vad": _plan_vad}
+         "silero_vad": _plan_vad, "sortformer": _plan_sortformer}
 
 
 def _quant_summary(module) -> tuple[dict | None, dict]:
@@ -169,14 +174,14 @@ def load_source(src: str | Path, quantize: int | None = None, group_size: int | 
     import mlx.core as mx
 
     from mlx_speech.hub import detect_model_type, resolve
-    from mlx_speech.registry import ARCHIVES, model_module, weight_patterns
+    from mlx_speech.registry import ARCHIVES, archive_type, model_module, weight_patterns
 
     p = Path(src).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:
-        kind, path = ARCHIVES[p.suffix], p
+        kind, path = archive_type(p), p
     else:
         path = resolve(src, weight_patterns)
-        kind = detect_model_type(path)
+        kind = archive_type(path) if path.is_file() else detect_model_type(path)
     kwargs = {}
     if dtype is not None:
         kwargs["dtype"] = getattr(mx, DTYPES[dtype])

@@ -26,12 +26,14 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     from pathlib import Path
 
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, model_module, weight_patterns
+    from .registry import ARCHIVES, archive_type, model_module, weight_patterns
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
-        return model_module(ARCHIVES[p.suffix]).load(p, **kwargs)
+        return model_module(archive_type(p)).load(p, **kwargs)
     folder = resolve(path_or_repo, weight_patterns)
+    if folder.is_file():  # a hub repo holding one .nemo archive
+        return model_module(archive_type(folder)).load(folder, **kwargs)
     return model_module(detect_model_type(folder)).load(folder, **kwargs)
 
 

@@ -96,8 +96,11 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None) -
     folder = _download(repo, CONFIG_FILES)
     if (folder / "mlx_speech.json").exists():  # converted: holds only what load reads
         return _download(repo, ["*"])
-    if not any((folder / f).exists() for f in CONFIG_FILES):  # legacy Kyutai layout
-        folder = _download(repo, CONFIG_FILES + [MIMI_FILE])
+    if not any((folder / f).exists() for f in CONFIG_FILES):
+        nemo = sorted(_download(repo, ["*.nemo"], tqdm_class).glob("*.nemo"))
+        if len(nemo) == 1:  # a NeMo release: one .nemo archive (returned as the file)
+            return nemo[0]
+        folder = _download(repo, CONFIG_FILES + [MIMI_FILE])  # legacy Kyutai layout
     return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder),
                      tqdm_class)
 

@@ -106,7 +106,13 @@ def transcribe_file(model, path: str, args) -> str:
     extra = {"file": str(path), "duration": round(total, 3),
              "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
                        for w in result.words]}
-    return write_transcript(args.format, result.text, segments, None, extra=extra)
+    text = result.text
+    if getattr(args, "diarizer_model", None) is not None:  # --diarize
+        from .diarize import apply_to_output
+
+        text, segments = apply_to_output(args.diarizer_model, audio, result, extra,
+                                         args.format, segments_from_words)
+    return write_transcript(args.format, text, segments, None, extra=extra)
 
 
 def _mode(model, args) -> dict:
@@ -316,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
+    p.add_argument("--diarize", action="store_true",
+                   help="label speakers (txt: a line per speaker turn; srt: prefix; vtt: "
+                        "<v Speaker N>; json: speaker per word and segment)")
+    p.add_argument("--diarizer", metavar="MODEL", default=None,
+                   help="diarization model for --diarize (default: streaming Sortformer "
+                        "v2.1, mlx-community fp16)")
     add_quantize_args(p)
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
@@ -350,8 +362,17 @@ def _run(args) -> None:
         check_live_audio()
     import mlx_speech
 
+    if args.diarize and args.live:
+        raise MlxSpeechError("--diarize is for audio files")
+    if args.diarizer and not args.diarize:
+        raise MlxSpeechError("--diarizer needs --diarize")
     log(f"loading {args.model}")
     model = mlx_speech.load(args.model, **quantize_kwargs(args))
+    if args.diarize:
+        from .diarize import DEFAULT_DIARIZER, load_diarizer
+
+        log(f"loading {args.diarizer or DEFAULT_DIARIZER}")
+        args.diarizer_model = load_diarizer(args.diarizer)
     if args.live:
         live(model, args)
         return

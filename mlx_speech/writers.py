@@ -18,6 +18,7 @@ class Segment:
     start: float
     end: float
     text: str
+    speaker: str | None = None  # set only when diarizing ("Speaker 1")
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -31,6 +32,8 @@ def _timestamp(seconds: float, sep: str) -> str:
 def _cue(s: Segment, sep: str) -> str:
     # blank lines would end the cue early in srt/vtt
     lines = [line.strip() for line in s.text.strip().splitlines() if line.strip()]
+    if s.speaker and lines:  # VTT voice tag; SRT has none, so a "Speaker N: " prefix
+        lines[0] = f"<v {s.speaker}>{lines[0]}" if sep == "." else f"{s.speaker}: {lines[0]}"
     times = f"{_timestamp(s.start, sep)} --> {_timestamp(s.end, sep)}"
     return "\n".join([times, *lines]) + "\n"
 
@@ -45,7 +48,8 @@ def format_json(
     data = {
         "text": text.strip(),
         "segments": [
-            {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text.strip()}
+            {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text.strip(),
+             **({"speaker": s.speaker} if s.speaker else {})}
             for s in segments
         ],
         **(extra or {}),

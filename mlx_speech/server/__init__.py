@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "release model, shipped with mlx_speech)")
     p.add_argument("--no-vad", action="store_true",
                    help="no server-side turn detection (clients commit each turn)")
+    p.add_argument("--diarizer", metavar="MODEL",
+                   help="speaker diarization model (e.g. mlx-community/diar_streaming_"
+                        "sortformer_4spk-v2.1-fp16): response_format=diarized_json and "
+                        "diarize=true on verbose_json")
     p.add_argument("--no-batch", action="store_true",
                    help="debug/benchmark: step live streams one at a time")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
@@ -93,11 +97,12 @@ def load_server_vad(path: str | None):
 def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
-             vad=None):
+             vad=None, diarizer=None):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
 
     `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
-    server_vad / semantic_vad turn detection; None: clients must commit each turn."""
+    server_vad / semantic_vad turn detection; None: clients must commit each turn.
+    `diarizer`: a loaded diarizer (`mlx_speech.diarize.load_diarizer()`) for speaker labels."""
     with optional("server", "the server"):
         from .app import create_app
     from .common import Served
@@ -105,7 +110,7 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
     engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
     served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
-                    idle_timeout_s, vad=vad)
+                    idle_timeout_s, vad=vad, diarizer=diarizer)
     return create_app(served), engine
 
 
@@ -121,10 +126,16 @@ def _run(args) -> None:
             "address can use the models")
     models = load_models(args.model, args.quantize)
     vad = None if args.no_vad else load_server_vad(args.vad)
+    diarizer = None
+    if args.diarizer:
+        from ..diarize import load_diarizer
+
+        log(f"loading {args.diarizer}")
+        diarizer = load_diarizer(args.diarizer)
     app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
                            max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
                            max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
-                           batch=not args.no_batch, vad=vad)
+                           batch=not args.no_batch, vad=vad, diarizer=diarizer)
     shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
     log(f"the page: http://{shown}:{args.port}/")
     try:

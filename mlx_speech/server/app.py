@@ -20,7 +20,7 @@ from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDelta
 from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
 
-TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 SPEECH_FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
                   "opus": "audio/ogg", "pcm": "audio/pcm"}
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -208,6 +208,7 @@ def create_app(served: Served) -> FastAPI:
                               f"{', '.join(TRANSCRIPT_FORMATS)}, got {fmt!r}",
                               param="response_format")
         stream = (_field(form, "stream") or "false").lower() in ("true", "1")
+        diarize = _diarize_request(served, fmt, _field(form, "diarize"), stream)
         grans = set(form.getlist("timestamp_granularities[]")
                     + form.getlist("timestamp_granularities"))
         data = await f.read(served.max_upload_bytes + 1)
@@ -232,6 +233,17 @@ def create_app(served: Served) -> FastAPI:
             result = await _await_done(q)
         finally:
             s.close()
+        if diarize:  # diarized_json, or diarize=true on verbose_json
+            from .diarization import diarize_upload, diarized_json, speaker_fields
+
+            try:
+                d = await diarize_upload(served, audio, result, AsyncSink)
+            except RuntimeError as e:
+                raise _http_error(500, str(e)) from None
+            if fmt == "diarized_json":
+                return diarized_json(d, seconds)
+            return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
+                                                       segments=d.segments), d)
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
             breaks = await _pause_breaks(served, audio, model.sample_rate)
@@ -430,13 +442,34 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
             raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
 
 
-def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=()):
+def _diarize_request(served: Served, fmt: str, diarize: str | None, stream: bool) -> bool:
+    """Whether to label speakers: response_format=diarized_json, or diarize=true (Mistral's
+    field) with verbose_json; a 400 when the server has no diarizer or the form cannot hold
+    speakers."""
+    on = fmt == "diarized_json" or (diarize or "false").lower() in ("true", "1")
+    if not on:
+        return False
+    if served.diarizer is None:
+        raise _http_error(400, "this server has no diarizer (start it with --diarizer)",
+                          param="diarize" if fmt != "diarized_json" else "response_format")
+    if fmt not in ("diarized_json", "verbose_json"):
+        raise _http_error(400, "diarize=true needs response_format verbose_json (or use "
+                          "diarized_json)", param="diarize")
+    if stream:
+        raise _http_error(400, "speaker labels are not streamed; use stream=false",
+                          param="stream")
+    return True
+
+
+def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),
+                         segments=None):
     from ..transcribe import segments_from_words
     from ..writers import format_srt, format_vtt
 
     if fmt == "text":
         return PlainTextResponse(result.text + "\n")
-    segments = segments_from_words(result.words, breaks=breaks)
+    if segments is None:
+        segments = segments_from_words(result.words, breaks=breaks)
     if fmt == "srt":
         return PlainTextResponse(format_srt(segments))
     if fmt == "vtt":

@@ -43,6 +43,7 @@ class Served:
     idle_timeout_s: float = 300.0
     created: int = 0
     vad: object | None = None  # a loaded Silero VAD: server_vad / semantic_vad turn detection
+    diarizer: object | None = None  # a loaded diarizer (--diarizer): speakers in transcripts
 
     def kind(self, model_id: str) -> str:
         return model_kind(self.models[model_id])
@@ -56,6 +57,8 @@ class Served:
             out["voices"] = list(m.voices)
         if self.kind(model_id) == "duplex":
             out["family"] = m.family
+        if self.kind(model_id) == "asr" and self.diarizer is not None:
+            out["diarize"] = True  # the server can label speakers (--diarizer)
         return out
 
     def find(self, name: str | None, kind: str) -> tuple[str, object]:

@@ -98,6 +98,8 @@ class _Connection:
             for s in self.streams.values():  # free every session at once
                 s.close()
             self.streams.clear()
+            if getattr(self, "speakers", None) is not None:  # diarize: true
+                self.speakers.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(), 1.0)
             writer.cancel()
@@ -153,6 +155,7 @@ class VllmConnection(_Connection):
         self.item: str | None = None  # the running utterance
         self.n_items = 0
         self.seconds: dict[str, float] = {}
+        self.speakers = None  # session.update diarize: true -> a ConnectionSpeakers
 
     def hello(self) -> None:
         self.send({"type": "session.created", "id": f"sess-{secrets.token_hex(12)}",
@@ -168,6 +171,16 @@ class VllmConnection(_Connection):
                 self.model_id, self.model = self.served.find(event.get("model"), "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
+                return
+            if event.get("diarize") and self.speakers is None:  # speakers on each utterance
+                if self.served.diarizer is None:
+                    self.error("invalid_value", "this server has no diarizer (start it with "
+                               "--diarizer)")
+                    return
+                from .diarization import ConnectionSpeakers
+
+                self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
+                                                   AsyncSink(self.out, self.loop, "speakers"))
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -204,6 +217,8 @@ class VllmConnection(_Connection):
         try:
             s.push(x)
             self.seconds[self.item] += len(x) / VLLM_RATE
+            if self.speakers is not None:
+                self.speakers.push(x)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken")
 
@@ -212,13 +227,20 @@ class VllmConnection(_Connection):
         self.item = f"utt-{self.n_items}"
         s = self.open_stream(self.item)
         self.seconds[self.item] = 0.0
+        if self.speakers is not None:
+            self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
         if pending:
             x = np.concatenate(pending)
             s.push(x)
             self.seconds[self.item] += len(x) / VLLM_RATE
+            if self.speakers is not None:
+                self.speakers.push(x)
 
     def engine_event(self, item: str, ev) -> list[dict]:
+        if item == "speakers":
+            self.speakers.event(ev)
+            return []
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
@@ -229,7 +251,8 @@ class VllmConnection(_Connection):
             if d := text.final(result.text):
                 out.append({"type": "transcription.delta", "delta": d})
             out.append({"type": "transcription.done", "text": result.text,
-                        "usage": usage(result, self.seconds.pop(item, 0.0))})
+                        "usage": usage(result, self.seconds.pop(item, 0.0)),
+                        **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
             return out
         if ev[0] == "error":
@@ -274,6 +297,7 @@ class OpenAIConnection(_Connection):
         self.turns = None  # the TurnStream, once audio came in VAD mode
         self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
         self.legacy = False
+        self.speakers = None  # transcription.diarize: a ConnectionSpeakers
         try:  # ?model=..., else the only ASR model when there is one
             self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
@@ -287,6 +311,8 @@ class OpenAIConnection(_Connection):
         tr = {"model": self.model_id}
         if self.delay is not None:
             tr["delay"] = self.delay
+        if self.speakers is not None:
+            tr["diarize"] = True
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
@@ -337,7 +363,10 @@ class OpenAIConnection(_Connection):
                 return
             s, item = self.streams[self.item], self.item
             try:
-                s.push(self.resampler.finish())
+                tail = self.resampler.finish()
+                s.push(tail)
+                if self.speakers is not None:
+                    self.speakers.push(tail)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
             s.end()
@@ -423,6 +452,15 @@ class OpenAIConnection(_Connection):
                            "turning turn detection on", eid)
                 return
         tr = inp.get("transcription") or {}
+        if tr.get("diarize") and self.speakers is None:  # speakers on completed items
+            if self.served.diarizer is None:
+                self.error("invalid_value", "this server has no diarizer (start it with "
+                           "--diarizer)", eid, "session.audio.input.transcription.diarize")
+                return
+            from .diarization import ConnectionSpeakers
+
+            self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
+                                               AsyncSink(self.out, self.loop, "speakers"))
         delay = tr.get("delay", self.delay)
         if delay is not None and delay not in VOXTRAL_DELAY_MS:
             self.error("invalid_value", f"transcription.delay must be one of "
@@ -478,8 +516,13 @@ class OpenAIConnection(_Connection):
                     lambda item: AsyncSink(self.out, self.loop, item), self.turn_config,
                     lambda: f"item_{secrets.token_hex(8)}")
                 self.streams["turns"] = self.turns
+                if self.speakers is not None:
+                    self.speakers.base = self.speakers.pushed
             try:
-                self.turns.push(self.resampler.feed(x))
+                y = self.resampler.feed(x)
+                self.turns.push(y)
+                if self.speakers is not None:  # what the turns took, on one timeline
+                    self.speakers.push(y)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
@@ -490,10 +533,14 @@ class OpenAIConnection(_Connection):
                                      AsyncSink(self.out, self.loop, self.item))
             self.streams[self.item] = s
             self.texts[self.item] = TextDeltas()
+            if self.speakers is not None:
+                self.speakers.start_item(self.item)
         # resample first (its state must see every sample), then queue
         y = self.resampler.feed(x)
         try:
             self.streams[self.item].push(y)
+            if self.speakers is not None:  # what the item took, on one timeline
+                self.speakers.push(y)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken", eid)
 
@@ -503,6 +550,8 @@ class OpenAIConnection(_Connection):
         kind = ev[0]
         base = {"event_id": self._event_id()}
         if kind == "started":
+            if self.speakers is not None:
+                self.speakers.start_item(ev[1], ev[2])
             self.texts[ev[1]] = TextDeltas()
             self.held[ev[1]] = []
             return [{"type": "input_audio_buffer.speech_started", **base, "item_id": ev[1],
@@ -513,6 +562,8 @@ class OpenAIConnection(_Connection):
                 out.append({"type": "input_audio_buffer.speech_stopped", **base,
                             "item_id": item, "audio_end_ms": _ms(ev[2])})
             elif kind == "timeout":
+                if self.speakers is not None:
+                    self.speakers.start_item(item, ev[2])
                 self.texts[item] = TextDeltas()
                 out.append({"type": "input_audio_buffer.timeout_triggered", **base,
                             "item_id": item, "audio_start_ms": _ms(ev[2]),
@@ -535,6 +586,9 @@ class OpenAIConnection(_Connection):
     def engine_event(self, item: str, ev) -> list[dict]:
         if item == "turns":
             return self.turn_event(ev)
+        if item == "speakers":
+            self.speakers.event(ev)
+            return []
         text = self.texts.get(item)
         base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
         out = []
@@ -553,7 +607,8 @@ class OpenAIConnection(_Connection):
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]}})
+                                  "total_tokens": u["total_tokens"]},
+                        **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
         elif ev[0] == "error":
             self.stream_done(item)

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...nn import ConvCache
+from ...nn.conformer import ConformerLayer, rel_positions
 from .config import EncoderConfig
 
 
@@ -134,117 +135,6 @@ class ContextKVCache:
         return [a for a in (self.keys, self.values) if a is not None]
 
 
-def rel_positions(n_keys: int, n_queries: int, dim: int) -> mx.array:
-    """Sinusoids (sin, cos interleaved) for distances n_keys-1 down to -(n_queries-1)."""
-    pos = mx.arange(n_keys - 1, -n_queries, -1).astype(mx.float32)
-    inv_freq = 1.0 / (10000.0 ** (mx.arange(0, dim, 2).astype(mx.float32) / dim))
-    f = pos[:, None] * inv_freq[None]
-    return mx.stack([mx.sin(f), mx.cos(f)], axis=-1).reshape(f.shape[0], dim)
-
-
-def rel_shift(x: mx.array) -> mx.array:
-    """(..., Tq, P) -> out[..., i, j] = x[..., i, j + Tq - 1 - i] (Transformer-XL)."""
-    *lead, tq, p = x.shape
-    x = mx.pad(x, [(0, 0)] * len(lead) + [(0, 0), (1, 0)])
-    return x.reshape(*lead, p + 1, tq)[..., 1:, :].reshape(*lead, tq, p)
-
-
-class RelPosAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, bias: bool):
-        super().__init__()
-        self.n_heads, self.head_dim = n_heads, dim // n_heads
-        self.scale = self.head_dim**-0.5
-        self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.k_proj = nn.Linear(dim, dim, bias=bias)
-        self.v_proj = nn.Linear(dim, dim, bias=bias)
-        self.o_proj = nn.Linear(dim, dim, bias=bias)
-        self.relative_k_proj = nn.Linear(dim, dim, bias=False)
-        self.bias_u = mx.zeros((n_heads, self.head_dim))
-        self.bias_v = mx.zeros((n_heads, self.head_dim))
-
-    def project_positions(self, pos: mx.array) -> mx.array:
-        """Sinusoid table (P, D) -> (H, P, dh) position keys."""
-        return self.relative_k_proj(pos).reshape(-1, self.n_heads, self.head_dim).transpose(1, 0, 2)
-
-    def __call__(self, x: mx.array, p: mx.array, mask: mx.array | None,
-                 cache: ContextKVCache | None) -> mx.array:
-        """x (B, T, D); p (H, Tk + T - 1, dh) position keys for distances Tk-1 .. -(T-1),
-        from `project_positions`; mask (T, Tk) bool."""
-        B, T, _ = x.shape
-        H, dh = self.n_heads, self.head_dim
-
-        def heads(y):
-            return y.reshape(B, -1, H, dh).transpose(0, 2, 1, 3)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        n_keys = k.shape[2]
-        bd = (q + self.bias_v[:, None]) @ p.swapaxes(-1, -2)  # (B, H, T, P)
-        bd = rel_shift(bd)[..., :n_keys] * self.scale
-        if mask is not None:
-            bd = mx.where(mask, bd, mx.array(-mx.inf, bd.dtype))
-        # content term inside SDPA; the position term rides in as an additive mask
-        o = mx.fast.scaled_dot_product_attention(q + self.bias_u[:, None], k, v,
-                                                 scale=self.scale, mask=bd)
-        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, T, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, bias: bool):
-        super().__init__()
-        self.linear1 = nn.Linear(dim, hidden, bias=bias)
-        self.linear2 = nn.Linear(hidden, dim, bias=bias)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.linear2(nn.silu(self.linear1(x)))
-
-
-class ConvModule(nn.Module):
-    """Pointwise -> GLU -> causal depthwise -> LayerNorm -> SiLU -> pointwise."""
-
-    def __init__(self, dim: int, kernel: int, bias: bool, eps: float):
-        super().__init__()
-        self.kernel = kernel
-        self.pointwise_conv1 = nn.Linear(dim, 2 * dim, bias=bias)
-        self.depthwise_conv = nn.Conv1d(dim, dim, kernel, groups=dim, bias=bias)
-        self.norm = nn.LayerNorm(dim, eps=eps)
-        self.pointwise_conv2 = nn.Linear(dim, dim, bias=bias)
-
-    def __call__(self, x: mx.array, cache: ConvCache | None) -> mx.array:
-        a, b = mx.split(self.pointwise_conv1(x), 2, axis=-1)
-        x = a * mx.sigmoid(b)
-        pad = self.kernel - 1
-        if cache is not None:
-            x = cache.update_and_fetch(x, pad)
-        else:
-            x = mx.pad(x, [(0, 0), (pad, 0), (0, 0)])
-        x = nn.silu(self.norm(self.depthwise_conv(x)))
-        return self.pointwise_conv2(x)
-
-
-class ConformerLayer(nn.Module):
-    def __init__(self, c: EncoderConfig):
-        super().__init__()
-        d, eps = c.hidden_size, c.norm_eps
-        self.feed_forward1 = FeedForward(d, c.intermediate_size, c.attention_bias)
-        self.self_attn = RelPosAttention(d, c.num_attention_heads, c.attention_bias)
-        self.conv = ConvModule(d, c.conv_kernel_size, c.convolution_bias, eps)
-        self.feed_forward2 = FeedForward(d, c.intermediate_size, c.attention_bias)
-        self.norm_feed_forward1 = nn.LayerNorm(d, eps=eps)
-        self.norm_self_att = nn.LayerNorm(d, eps=eps)
-        self.norm_conv = nn.LayerNorm(d, eps=eps)
-        self.norm_feed_forward2 = nn.LayerNorm(d, eps=eps)
-        self.norm_out = nn.LayerNorm(d, eps=eps)
-
-    def __call__(self, x, pos_keys, mask, kv: ContextKVCache | None, conv: ConvCache | None):
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        x = x + self.self_attn(self.norm_self_att(x), pos_keys, mask, kv)
-        x = x + self.conv(self.norm_conv(x), conv)
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        return self.norm_out(x)
-
-
 @dataclass
 class EncoderState:
     """Everything a stream carries between encoder calls (python ints need no sync)."""
@@ -281,7 +171,11 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = c
         self.subsampling = Subsampling(c)
-        self.layers = [ConformerLayer(c) for _ in range(c.num_hidden_layers)]
+        self.layers = [
+            ConformerLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size,
+                           c.conv_kernel_size, c.attention_bias, c.convolution_bias, c.norm_eps)
+            for _ in range(c.num_hidden_layers)
+        ]
 
     def make_state(self, right_context: int) -> EncoderState:
         c = self.config

@@ -41,8 +41,10 @@ def _member(tar: tarfile.TarFile, pattern: str) -> tarfile.TarInfo | None:
     return None
 
 
-def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, mx.array], bytes]:
-    """(model_config, transformers-named weights ({} if not `weights`), tokenizer.model bytes)."""
+def read_archive(path: str | Path, weights: bool = True,
+                 tokenizer: bool = True) -> tuple[dict, dict[str, mx.array], bytes | None]:
+    """(model_config, the raw NeMo state dict ({} if not `weights`), tokenizer.model bytes or
+    None when not `tokenizer`) of any NeMo model archive."""
     import yaml
 
     path = Path(path)
@@ -50,18 +52,26 @@ def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, m
         with tarfile.open(path, "r:*") as tar:
             cfg_m = _member(tar, r"model_config\.yaml")
             w_m = _member(tar, r"model_weights\.ckpt")
-            tok_m = _member(tar, r"(.+_)?tokenizer\.model")
+            tok_m = _member(tar, r"(.+_)?tokenizer\.model") if tokenizer else None
             if cfg_m is None or w_m is None:
                 raise CheckpointError(f"{path} lacks model_config.yaml or model_weights.ckpt")
-            if tok_m is None:
+            if tokenizer and tok_m is None:
                 raise CheckpointError(f"{path} has no SentencePiece tokenizer.model")
             config = yaml.safe_load(tar.extractfile(cfg_m).read())
             raw = tar.extractfile(w_m).read() if weights else None
-            tok = tar.extractfile(tok_m).read()
+            tok = tar.extractfile(tok_m).read() if tok_m is not None else None
     except (tarfile.TarError, OSError, yaml.YAMLError) as e:
         raise CheckpointError(f"cannot read {path}: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: model_config.yaml is not a mapping")
+    return config, (read_state_dict(raw) if weights else {}), tok
+
+
+def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, mx.array], bytes]:
+    """(model_config, transformers-named weights ({} if not `weights`), tokenizer.model bytes)."""
+    config, sd, tok = read_archive(path, weights)
     out = {}
-    for k, v in (read_state_dict(raw) if weights else {}).items():
+    for k, v in sd.items():
         name = hf_name(k)
         if name is not None:
             out[name] = v

@@ -99,6 +99,7 @@ function startLive(model, el, onEnd) {
         break;
       case "conversation.item.input_audio_transcription.completed":
         turn.textContent = ev.transcript;
+        if (ev.speaker) markSpeaker(turn, ev.speaker);
         finish();
         break;
       case "error":
@@ -143,7 +144,8 @@ function startLive(model, el, onEnd) {
         session: {
           type: "transcription",
           audio: { input: { format: { type: "audio/pcm", rate: ctx.sampleRate },
-                            transcription: { model: model.id }, turn_detection: null } },
+                            transcription: { model: model.id, ...(model.diarize ? { diarize: true } : {}) },
+                            turn_detection: null } },
         },
       }));
       for (const x of early.splice(0)) if (x.length) append(x);
@@ -193,6 +195,8 @@ function fileTranscription(model, el) {
     el.player.src = URL.createObjectURL(f);
     el.player.hidden = false;
     el.words.hidden = true;
+    el.speakers?.remove();
+    el.speakers = null;
     el.downloads.hidden = true;
     clearError(el.ferror);
     setState(el.fstate, "idle", "ready");
@@ -244,6 +248,7 @@ function fileTranscription(model, el) {
       }
       if (!result) throw new Error("the transcription ended early");
       renderWords(el, result);
+      if (model.diarize) await renderSpeakers(el, form("diarized_json", false));
       el.downloads.hidden = false;
       setState(el.fstate, "idle", "done");
       el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${count(result.words.length, "word")}`;
@@ -314,4 +319,38 @@ function renderWords(el, result) {
     });
     el.words.append(s);
   });
+}
+
+// ---------------------------------------------------------------- speakers (--diarizer)
+
+/** Colour a transcript line by its speaker ("Speaker 1" or OpenAI's "A"). */
+function markSpeaker(p, speaker) {
+  const key = String(speaker).replace(/^Speaker /, "");
+  const n = /^\d+$/.test(key) ? +key - 1 : key.charCodeAt(0) - 65;
+  p.classList.add("speaker", `speaker-${((n % 6) + 6) % 6}`);
+  p.dataset.speaker = speaker;
+  const tag = document.createElement("b");
+  tag.className = "who";
+  tag.textContent = /^\d+$/.test(key) ? `${speaker}: ` : `Speaker ${speaker}: `;
+  p.prepend(tag);
+}
+
+/** The file's speaker turns (response_format=diarized_json), one coloured line each. */
+async function renderSpeakers(el, body) {
+  const res = await apiFetch("/v1/audio/transcriptions", { method: "POST", body });
+  const d = await res.json();
+  const box = document.createElement("div");
+  box.className = "transcript speakers";
+  box.dataset.el = "speakers";
+  for (const seg of d.segments) {
+    const p = document.createElement("p");
+    p.textContent = seg.text;
+    p.dataset.start = seg.start;
+    p.dataset.end = seg.end;
+    markSpeaker(p, seg.speaker);
+    box.append(p);
+  }
+  el.words.after(box);
+  el.speakers?.remove();
+  el.speakers = box;
 }

@@ -1,0 +1,193 @@
+"""Speaker labels for transcripts: ASR words aligned to a diarizer's 80 ms speaker frames.
+
+The diarizer (streaming Sortformer, `mlx_speech.models.sortformer`) gives per-frame speaker
+probabilities in arrival order; each word takes the speaker most active over its time span
+(frames above 0.5 first, then total probability); a word over silence keeps the previous word's
+speaker (the next word's at the start). Labels are numbered by first appearance in the
+transcript ("Speaker 1", "Speaker 2", ...), so the first voice heard is Speaker 1 whichever slot
+the diarizer used, and the numbering only grows while streaming.
+
+- `label_words(words, probs)` -> a label per word;
+- `SpeakerTurns` keeps that numbering across calls (live sessions, one per stream);
+- `SpeakerTracker` runs a diarizer session beside any ASR session on the same audio;
+- `transcribe(asr, audio, diarizer)` -> a transcript whose words and segments carry speakers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FRAME_S = 0.08
+DEFAULT_DIARIZER = "mlx-community/diar_streaming_sortformer_4spk-v2.1-fp16"
+
+
+def _slot(probs: np.ndarray, start: float, end: float, frame_s: float) -> int | None:
+    from .models.sortformer.session import speaker_at
+
+    return speaker_at(probs, start, end, frame_s)
+
+
+class SpeakerTurns:
+    """Diarizer slot -> "Speaker N", numbered by first appearance; one per stream."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+        self.last: str | None = None
+
+    def name(self, slot: int | None) -> str | None:
+        if slot is None:
+            return self.last
+        if slot not in self.names:
+            self.names[slot] = f"Speaker {len(self.names) + 1}"
+        self.last = self.names[slot]
+        return self.last
+
+    def label(self, words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[str | None]:
+        """A label per word (None only when no word so far had an active speaker)."""
+        slots = [_slot(probs, w.start, w.end, frame_s) for w in words]
+        labels = [self.name(s) for s in slots]
+        first = next((x for x in labels if x is not None), None)
+        return [first if x is None else x for x in labels] if self.last is not None else labels
+
+
+def label_words(words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[str | None]:
+    """A speaker label per word (see the module docstring)."""
+    return SpeakerTurns().label(words, probs, frame_s)
+
+
+@dataclass
+class SpeakerWord:
+    text: str
+    start: float
+    end: float
+    speaker: str | None
+
+
+@dataclass
+class DiarizedTranscript:
+    text: str
+    words: list[SpeakerWord]
+    probs: np.ndarray  # (frames, n_spk) diarizer output
+    segments: list = field(default_factory=list)  # writers.Segment with .speaker
+
+    def turns(self) -> list[tuple[str | None, str]]:
+        """(speaker, text) per speaker turn, in order."""
+        out: list[tuple[str | None, list[str]]] = []
+        for w in self.words:
+            if out and out[-1][0] == w.speaker:
+                out[-1][1].append(w.text)
+            else:
+                out.append((w.speaker, [w.text]))
+        return [(s, " ".join(t)) for s, t in out]
+
+    def turns_text(self) -> str:
+        """The txt form: one line per speaker turn, "Speaker N: text"."""
+        return "\n".join(f"{s}: {t}" if s else t for s, t in self.turns())
+
+
+def speaker_segments(words: list[SpeakerWord], segments_from_words) -> list:
+    """Cues that never mix speakers: `segments_from_words` within each speaker turn."""
+    out, run = [], []
+    for w in words:
+        if run and run[-1].speaker != w.speaker:
+            out += _tag(segments_from_words(run), run[0].speaker)
+            run = []
+        run.append(w)
+    if run:
+        out += _tag(segments_from_words(run), run[0].speaker)
+    return out
+
+
+def _tag(segs, speaker):
+    for s in segs:
+        s.speaker = speaker
+    return segs
+
+
+class SpeakerTracker:
+    """A diarizer session beside an ASR session: feed both the same samples, then ask who
+    spoke a word or a span. Frames arrive with the diarizer's chunk latency
+    ((chunk_len + right context) x 80 ms); `label` on a span not yet covered uses what exists
+    (the previous speaker for frames still missing)."""
+
+    def __init__(self, diarizer, **streaming):
+        self.diarizer = diarizer
+        self.session = diarizer.session(**streaming)
+        self.probs = np.zeros((0, diarizer.n_speakers), np.float32)
+        self.turns = SpeakerTurns()
+
+    def _add(self, p: np.ndarray) -> np.ndarray:
+        if len(p):
+            self.probs = np.concatenate([self.probs, p])
+        return p
+
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        return self._add(self.session.feed(samples))
+
+    def finish(self) -> np.ndarray:
+        return self._add(self.session.finish())
+
+    @property
+    def time(self) -> float:
+        """Seconds of audio with speaker frames."""
+        return len(self.probs) * FRAME_S
+
+    def label(self, words) -> list[str | None]:
+        return self.turns.label(words, self.probs)
+
+    def speaker(self, start: float, end: float) -> str | None:
+        return self.turns.name(_slot(self.probs, start, end, FRAME_S))
+
+
+def load_diarizer(name: str | Path | None = None, **kwargs):
+    """A diarizer model (default: the streaming Sortformer v2.1, fp16)."""
+    import mlx_speech
+
+    from .errors import MlxSpeechError
+
+    model = mlx_speech.load(name or DEFAULT_DIARIZER, **kwargs)
+    if getattr(model, "kind", None) != "diarizer":
+        raise MlxSpeechError(f"{name} is not a diarization model")
+    return model
+
+
+def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs
+               ) -> DiarizedTranscript:
+    """Transcribe with `asr` (any ASR family) and label every word with its speaker."""
+    from .audio.io import check_audio, load_audio
+    from .transcribe import segments_from_words
+
+    if isinstance(audio, (str, Path)):
+        audio, _ = load_audio(audio, asr.sample_rate)
+    else:
+        audio = check_audio(audio)
+        if sample_rate != asr.sample_rate:
+            from .audio.resample import resample
+
+            audio = resample(audio, sample_rate, asr.sample_rate)
+    result = asr.transcribe(audio, asr.sample_rate, **asr_kwargs)
+    return diarize_result(result, audio, diarizer, segments_from_words)
+
+
+def diarize_result(result, audio: np.ndarray, diarizer, segments_from_words
+                   ) -> DiarizedTranscript:
+    """An ASR result (text + timed words) and its 16 kHz audio -> a diarized transcript."""
+    probs = diarizer.probabilities(audio)
+    labels = label_words(result.words, probs)
+    words = [SpeakerWord(w.text, w.start, w.end, s)
+             for w, s in zip(result.words, labels, strict=True)]
+    return DiarizedTranscript(result.text, words, probs,
+                              speaker_segments(words, segments_from_words))
+
+
+def apply_to_output(diarizer, audio: np.ndarray, result, extra: dict, fmt: str,
+                    segments_from_words) -> tuple[str, list]:
+    """`transcribe --diarize`: (text to write, speaker segments); adds `speaker` to each word
+    in `extra["words"]`. txt gets a "Speaker N: ..." line per speaker turn."""
+    d = diarize_result(result, audio, diarizer, segments_from_words)
+    for row, w in zip(extra.get("words", []), d.words, strict=False):
+        row["speaker"] = w.speaker
+    return (d.turns_text() if fmt == "txt" else result.text), d.segments

@@ -1,0 +1,194 @@
+"""NVIDIA streaming Sortformer speaker diarization (diar_streaming_sortformer_4spk-v2.1):
+who spoke when, up to 4 speakers, in arrival order, offline or streamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ...audio.io import check_audio, load_audio
+from ...converted import is_converted
+from ...errors import CheckpointError, MlxSpeechError
+from ...hub import load_safetensors, read_json
+from ..asr import load_strict
+from ..nemotron_streaming.features import NemoLogMel
+from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
+from .model import Sortformer
+from .session import Diarization, DiarizerSession, Segment, segments, speaker_at
+from .streaming import init_state, step
+from .weights import remap
+
+__all__ = ["Diarization", "DiarizerSession", "Segment", "SortformerDiarizer", "load",
+           "segments", "speaker_at", "weight_patterns"]
+
+MODEL_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json"]
+
+
+def weight_patterns(folder: Path) -> list[str]:
+    return MODEL_FILES
+
+
+class SortformerDiarizer:
+    """A loaded diarizer; any number of sessions share it (`feed_many` steps them together)."""
+
+    kind = "diarizer"
+
+    def __init__(self, model: Sortformer, config: SortformerConfig):
+        self.model, self.config = model, config
+        self.features = NemoLogMel(config.n_mels)
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    @property
+    def n_speakers(self) -> int:
+        return self.config.n_spk
+
+    def session(self, **streaming) -> DiarizerSession:
+        """A streaming session; keyword arguments override the model's streaming parameters
+        (chunk_len, chunk_right_context, fifo_len, spkcache_len, spkcache_update_period...)."""
+        config = self.config.streaming(**streaming) if streaming else self.config
+        dtype = self.model.sortformer_modules.encoder_proj.weight.dtype
+        if not mx.issubdtype(dtype, mx.floating):
+            dtype = mx.float16
+        return DiarizerSession(self, config, init_state(self.model, config, dtype))
+
+    def _check(self, sessions) -> None:
+        seen = set()
+        for s in sessions:
+            if not isinstance(s, DiarizerSession) or s.owner is not self:
+                raise MlxSpeechError("a session of another model was passed")
+            if id(s) in seen:
+                raise MlxSpeechError("the same session was passed twice")
+            seen.add(id(s))
+
+    def feed_many(self, pairs) -> list[np.ndarray]:
+        """Feed each session its chunk (16 kHz mono float32, any size): `[(session, audio)]`
+        as the ASR families take it. Returns each session's new frames (n, n_spk), exactly
+        as `[s.feed(a) for s, a in pairs]` would, the model work batched into shared steps.
+        Input is checked before any session is fed."""
+        sessions = [s for s, _ in pairs]
+        self._check(sessions)
+        for s in sessions:
+            if s.finished:
+                raise MlxSpeechError("session already finished; start a new one")
+        audios = [check_audio(a) for _, a in pairs]
+        for s, x in zip(sessions, audios, strict=True):
+            s._push(s.mel.feed(x))
+        return self._run(sessions, final=False)
+
+    def finish_many(self, sessions: list[DiarizerSession]) -> list[np.ndarray]:
+        """End each session's audio; returns its remaining frames."""
+        self._check(sessions)
+        live = [s for s in sessions if not s.finished]
+        for s in live:
+            s._push(s.mel.finish())
+            s.finished = True
+        out = dict(zip(map(id, live), self._run(live, final=True), strict=True))
+        empty = np.zeros((0, self.n_speakers), np.float32)
+        return [out.get(id(s), empty) for s in sessions]
+
+    def _run(self, sessions: list[DiarizerSession], final: bool) -> list[np.ndarray]:
+        pending = {id(s): [] for s in sessions}
+        queues = {}
+        for s in sessions:
+            q = []
+            while (ch := s._next_chunk(final)) is not None:
+                q.append(ch)
+            queues[id(s)] = q
+        r = 0
+        while True:
+            batch = [(s, queues[id(s)][r]) for s in sessions if r < len(queues[id(s)])]
+            if not batch:
+                break
+            groups = {}  # sessions with other streaming parameters step separately
+            for s, ch in batch:
+                groups.setdefault(id(s.config), []).append((s, ch))
+            for group in groups.values():
+                probs = step(self.model, group[0][0].config, [s.state for s, _ in group],
+                             [ch for _, ch in group])
+                for (s, _), p in zip(group, probs, strict=True):
+                    pending[id(s)].append(p)
+                    s.frames += len(p)
+            r += 1
+        empty = np.zeros((0, self.n_speakers), np.float32)
+        return [np.concatenate(pending[id(s)]) if pending[id(s)] else empty for s in sessions]
+
+    def _audio(self, audio, sample_rate: int) -> np.ndarray:
+        if isinstance(audio, (str, Path)):
+            audio, _ = load_audio(audio, SAMPLE_RATE)
+            return audio
+        audio = check_audio(audio)
+        if sample_rate != SAMPLE_RATE:
+            from ...audio.resample import resample
+
+            audio = resample(audio, sample_rate, SAMPLE_RATE)
+        return audio
+
+    def probabilities(self, audio: np.ndarray | str | Path, sample_rate: int = SAMPLE_RATE,
+                      streaming: bool = True) -> np.ndarray:
+        """(frames, n_spk) speaker probabilities, one frame per 80 ms.
+
+        `streaming=True` (what NeMo runs for this model): the streaming algorithm over the
+        whole recording, the same frames as a live session. `streaming=False`: NeMo's offline
+        forward, one full-context pass over the peak-normalised audio."""
+        audio = self._audio(audio, sample_rate)
+        if streaming:
+            s = self.session()
+            return np.concatenate([s.feed(audio), s.finish()])
+        x = audio.astype(np.float32)
+        if len(x):
+            x = x * (np.float32(1.0) / (x.max() + np.float32(self.config.eps)))
+        mel = self.features(x)
+        if len(mel) < 1:
+            return np.zeros((0, self.n_speakers), np.float32)
+        probs = self.model(mx.array(mel)[None])
+        return np.array(probs[0].astype(mx.float32))
+
+    def diarize(self, audio: np.ndarray | str | Path, sample_rate: int = SAMPLE_RATE,
+                streaming: bool = True) -> Diarization:
+        """Who spoke when: frame probabilities and per-speaker segments (NeMo's rule)."""
+        probs = self.probabilities(audio, sample_rate, streaming)
+        return Diarization(probs, segments(probs), FRAME_S)
+
+
+def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
+         group_size: int = 64) -> SortformerDiarizer:
+    """Load strictly (every key mapped, none missing).
+
+    `path` is a NeMo `.nemo` archive, mlx-audio's / mlx-community's folder (config.json with
+    model_type "sortformer", model.safetensors) or our converted folder."""
+    path = Path(path)
+    converted = False
+    if path.is_file() and path.suffix == ".nemo":
+        from ..nemotron_streaming.nemo import read_archive
+
+        nemo_config, weights, _ = read_archive(path, tokenizer=False)
+        config = SortformerConfig.from_nemo(nemo_config)
+    else:
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{path} has no config.json")
+        c = read_json(path / "config.json")
+        if c.get("model_type") != "sortformer":
+            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, not sortformer")
+        config = SortformerConfig.from_mlx_audio(c)
+        files = sorted(path.glob("model*.safetensors"))
+        if not files:
+            raise CheckpointError(f"no safetensors weights in {path}")
+        weights = load_safetensors(files)
+        converted = is_converted(files)
+    model = Sortformer(config)
+    if not converted:
+        weights = remap(weights, set(dict(tree_flatten(model.parameters()))))
+    load_strict(model, weights, path, dtype, quantize, group_size, _keep_high_precision)
+    return SortformerDiarizer(model, config)
+
+
+def _keep_high_precision(path: str, module) -> bool:
+    """On-the-fly quantization keeps the subsampling stem and the speaker heads in full
+    precision (the stem sees raw features; the heads are tiny and decide every label)."""
+    return ".subsampling." in f".{path}." or path.startswith("sortformer_modules")
