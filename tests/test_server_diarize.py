@@ -17,9 +17,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 import mlx_speech  # noqa: E402
-from tests.test_server import KEY, ServerThread  # noqa: E402
+from tests.server_helpers import ServerThread  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
+KEY = "diarize-key"
 AUDIO = Path(__file__).parent / "data" / "voices_3spk.wav"
 
 

@@ -15,10 +15,11 @@ pytest.importorskip("uvicorn")
 
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
-from tests.test_server import GOLDEN, ServerThread  # noqa: E402
+from tests.server_helpers import ServerThread  # noqa: E402
 from tests.web_helpers import browser_missing, launch, open_page, panel  # noqa: E402
 
 KEY = "web-diar-key"
+GOLDEN = Path(__file__).parent / "golden"
 AUDIO = Path(__file__).parent / "data" / "voices_3spk.wav"
 WAIT_MS = 60_000
 
