@@ -17,12 +17,12 @@ import argparse
 import collections
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
+from .registry import check_loaded
 
 DEFAULT_DUPLEX_MODEL = "kyutai/moshiko-pytorch-bf16"
 
@@ -177,17 +177,19 @@ def _run(args) -> None:
 
         output_format(args.output, args.format)
         check_writable(args.output)
-    if args.input and not Path(args.input).exists():
-        raise MlxSpeechError(f"audio file not found: {args.input}")
+    if args.input:
+        from .audio.io import check_readable
+
+        check_readable(args.input)
     if not args.input and not args.list_voices:
         from .audio.devices import check_live_audio
 
-        check_live_audio()
+        check_live_audio(speaker=True)
     import mlx_speech
 
-    model = mlx_speech.load(args.model, **quantize_kwargs(args))
-    if not hasattr(model, "session") or not hasattr(model, "frame_size"):
-        raise MlxSpeechError(f"{args.model} is not a full-duplex (Moshi/PersonaPlex) model")
+    log(f"loading {args.model}")
+    model = mlx_speech.load(args.model, kind="duplex", log=log, **quantize_kwargs(args))
+    check_loaded(args.model, model, "duplex")
     if args.list_voices:
         print("\n".join(model.voices) if model.voices else "(this checkpoint has no voices)")
         return

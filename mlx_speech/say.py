@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
+from .registry import check_loaded
 
 DEFAULT_TTS_MODEL = "mistralai/Voxtral-4B-TTS-2603"
 FORMATS = ("wav", "flac", "ogg", "opus", "mp3", "pcm")
@@ -181,10 +182,10 @@ def _run(args) -> None:
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
     log(f"loading {args.model}")
-    model = mlx_speech.load(args.model, **({"dtype": args.dtype} if args.dtype else {}),
+    model = mlx_speech.load(args.model, kind="tts", log=log,
+                            **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))
-    if not hasattr(model, "stream") or not hasattr(model, "voices"):
-        raise MlxSpeechError(f"{args.model} is not a text-to-speech model")
+    check_loaded(args.model, model, "tts")
     if args.list_voices:
         voices = list(model.voices or [])
         print("\n".join(voices) if voices else "(this checkpoint has no voices)")

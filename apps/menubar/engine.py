@@ -234,10 +234,9 @@ class Engine:
             folder = self.store.ensure(model_id, progress)
             self.emit(ModelStatus(kind, model_id, "loading"))
             model = self._loader(folder)
-            need = "session" if kind == "asr" else "stream"
-            if not hasattr(model, need):
-                what = "speech-to-text" if kind == "asr" else "text-to-speech"
-                raise ValueError(f"{model_id} is not a {what} model")
+            from mlx_speech.registry import check_loaded
+
+            check_loaded(model_id, model, kind)
         except Stopping:
             raise
         except Exception as e:
@@ -375,12 +374,10 @@ def _user_error(e: Exception) -> bool:
 
 
 def _session_kwargs(model, options: dict) -> dict:
-    """Voxtral takes delay_ms, Nemotron latency_ms; None means the model's default."""
-    from mlx_speech.models.voxtral_realtime import VoxtralRealtime
-
-    key = "delay_ms" if isinstance(model, VoxtralRealtime) else "latency_ms"
-    v = options.get(key)
-    return {} if v is None else {key: v}
+    """The session's `latency_ms`: the settings keep one per family (Voxtral's delay_ms, any
+    multiple of 80; Nemotron's latency_ms, four modes); None means the model's default."""
+    v = options.get("delay_ms" if getattr(model, "family", None) == "voxtral" else "latency_ms")
+    return {} if v is None else {"latency_ms": v}
 
 
 # ---------------------------------------------------------------- model store

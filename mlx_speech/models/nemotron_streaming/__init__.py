@@ -40,6 +40,9 @@ class NemotronStreaming(StreamingASR):
     """A loaded model; any number of sessions can share it (`feed_many` steps them
     together)."""
 
+    kind = "asr"  # what every front door asks (mlx_speech.registry.KINDS)
+    family = "nemotron"
+
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
