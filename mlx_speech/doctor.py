@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import sys
@@ -257,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rows, extra = collect(offline=args.offline or bool(os.environ.get("HF_HUB_OFFLINE")))
+    rows, extra = collect(offline=args.offline)
     unchecked = [name.strip() for name, status, _ in rows if status == NA]
     if args.json:
         print(json.dumps({"rows": [{"name": n.strip(), "status": s, "detail": d}

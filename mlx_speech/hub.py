@@ -73,8 +73,9 @@ def offline() -> bool:
 
 def fetch_hint(repo: str) -> str:
     """What to do when a repo cannot be fetched: the next steps, in one line."""
-    return (f"download it where the hub is reachable (huggingface-cli download {repo}) and run "
-            "with HF_HUB_OFFLINE=1, or pass a local checkpoint folder with --model FOLDER")
+    return (f"download it where the hub is reachable (hf download {repo}; huggingface_hub's "
+            "command) and run with HF_HUB_OFFLINE=1, or pass a local checkpoint folder with "
+            "--model FOLDER")
 
 
 def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
@@ -91,8 +92,9 @@ def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
         if cause is not None and type(cause).__name__ in ("ConnectError", "ConnectionError",
                                                            "ConnectTimeout", "ReadTimeout"):
             why = "the hub is unreachable (no network?)"
-        hint = " (HF_HUB_OFFLINE=1 and not in the local cache)" if offline() else ""
-        raise CheckpointError(f"cannot fetch {repo!r} from the hub{hint}: {why}; "
+        if offline():
+            why = "HF_HUB_OFFLINE is set and it is not in the local cache"
+        raise CheckpointError(f"cannot fetch {repo!r} from the hub: {why}; "
                               f"{fetch_hint(repo)}") from None
 
 
