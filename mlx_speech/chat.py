@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the model family's reference behaviour)")
     add_quantize_args(p)
     p.add_argument("--list-voices", action="store_true", help="list the checkpoint's voices")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
 

@@ -237,3 +237,21 @@ def test_one_latency_name_for_both_families(vr_folder):
             == vr.transcribe(x, delay_ms=160).token_ids)
     with pytest.raises(mlx_speech.errors.MlxSpeechError, match="not both"):
         vr.session(latency_ms=160, delay_ms=240)
+
+
+@pytest.mark.parametrize("exc, rc, says", [
+    (RuntimeError("[metal] out of memory\nstack..."), 2,
+     "error: unexpected failure (RuntimeError: [metal] out of memory); this is a bug: please "
+     "report it with the output of --verbose and mlx_speech doctor"),
+    (PermissionError(13, "Permission denied", "/models/x/model.safetensors"), 1,
+     "error: Permission denied: /models/x/model.safetensors"),
+])
+def test_anything_else_is_one_line_too(monkeypatch, capsys, wav, exc, rc, says):
+    def load(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(mlx_speech, "load", load)
+    assert transcribe.main([str(wav), "--model", "x"]) == rc
+    assert one_error(capsys) == says
+    with pytest.raises(type(exc)):
+        transcribe.main([str(wav), "--model", "x", "--verbose"])
