@@ -204,12 +204,12 @@ def load_live_vad(args):
         return None
 
 
-def live(model, args) -> None:
+def live(model, args, vad=None) -> None:
+    """The microphone through `model`; `vad` from `load_live_vad` (None: one endless line)."""
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
-    vad = load_live_vad(args)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -318,10 +318,12 @@ def _run(args) -> None:
         from .audio.io import check_writable
 
         check_writable(args.save_audio)
+    vad = None
     if args.live:
         from .audio.devices import check_live_audio
 
         check_live_audio()
+        vad = load_live_vad(args)  # small: a bad --vad is found before the big model loads
     import mlx_speech
 
     log(f"loading {args.model}")
@@ -332,7 +334,7 @@ def _run(args) -> None:
 
     check_loaded(args.model, model, "asr")
     if args.live:
-        live(model, args)
+        live(model, args, vad)
         return
     many = len(args.files) > 1
     for f in args.files:

@@ -255,3 +255,13 @@ def test_anything_else_is_one_line_too(monkeypatch, capsys, wav, exc, rc, says):
     assert one_error(capsys) == says
     with pytest.raises(type(exc)):
         transcribe.main([str(wav), "--model", "x", "--verbose"])
+
+
+def test_live_with_a_bad_vad_path(no_load, monkeypatch, capsys, vr_folder, tmp_path):
+    import mlx_speech.audio.devices as devices
+
+    monkeypatch.setattr(devices, "check_live_audio", lambda speaker=False: None)
+    (tmp_path / "vad.txt").write_text("no")
+    assert transcribe.main(["--live", "--model", str(vr_folder), "--vad",
+                            str(tmp_path / "vad.txt")]) == 1
+    assert "is not Silero VAD weights" in one_error(capsys)
