@@ -73,9 +73,8 @@ def offline() -> bool:
 
 def fetch_hint(repo: str) -> str:
     """What to do when a repo cannot be fetched: the next steps, in one line."""
-    return (f"download it where the hub is reachable (hf download {repo}; huggingface_hub's "
-            "command) and run with HF_HUB_OFFLINE=1, or pass a local checkpoint folder with "
-            "--model FOLDER")
+    return (f"download it where the hub is reachable (hf download {repo}), then run with "
+            "HF_HUB_OFFLINE=1; or pass a local checkpoint folder with --model FOLDER")
 
 
 def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:

@@ -63,19 +63,12 @@ def _mode(model, args) -> dict:
 
 
 def check_latency(model_type: str, latency_ms: int | None) -> None:
-    """--latency-ms against what the model family takes (from its config, before loading)."""
-    if latency_ms is None:
-        return
-    if model_type == "voxtral_realtime":
-        from .models.voxtral_realtime.session import delay_tokens
+    """--latency-ms against what the model family takes (from its config, before loading;
+    `load(kind="asr")` has already refused other kinds)."""
+    if latency_ms is not None:
+        from .registry import model_module
 
-        delay_tokens(latency_ms)
-    elif model_type == "nemotron_asr_streaming":
-        from .models.nemotron_streaming.config import LATENCY_MS
-
-        if latency_ms not in LATENCY_MS:
-            known = ", ".join(str(k) for k in sorted(LATENCY_MS))
-            raise MlxSpeechError(f"Nemotron's --latency-ms is one of {known}, got {latency_ms}")
+        model_module(model_type).check_latency_ms(latency_ms)
 
 
 class _AudioLog:

@@ -105,8 +105,7 @@ def test_a_hub_id_is_refused_before_its_weights_download(monkeypatch, capsys, wa
 
 def test_latency_is_checked_against_the_family(no_load, capsys, wav, vr_folder):
     assert transcribe.main([str(wav), "--model", str(NEMOTRON), "--latency-ms", "240"]) == 1
-    assert one_error(capsys) == ("error: Nemotron's --latency-ms is one of 80, 160, 560, 1120, "
-                                 "got 240")
+    assert one_error(capsys) == "error: Nemotron's latency is one of 80, 160, 560, 1120 ms, got 240"
     assert transcribe.main([str(wav), "--model", str(vr_folder), "--delay-ms", "100"]) == 1
     assert "multiple of 80" in one_error(capsys)
 

@@ -213,8 +213,8 @@ def create_app(served: Served) -> FastAPI:
                     + form.getlist("timestamp_granularities"))
         data = await f.read(served.max_upload_bytes + 1)
         if len(data) > served.max_upload_bytes:
-            raise _http_error(413, f"the file is over the limit of {served.max_upload_bytes} "
-                              "bytes", "request_too_large")
+            raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
+                              f"{served.max_upload_bytes} bytes", "request_too_large", "file")
         audio = _decode_audio(data, model.sample_rate, f.filename)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()

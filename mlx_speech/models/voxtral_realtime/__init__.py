@@ -75,6 +75,14 @@ class VoxtralRealtime(StreamingASR):
                                sample_rate, progress)
 
 
+def check_latency_ms(latency_ms: int) -> None:
+    """Raise unless `latency_ms` is a transcription delay this family takes (a multiple of
+    80 ms up to the maximum); callers check before loading a model."""
+    from .session import delay_tokens
+
+    delay_tokens(latency_ms)
+
+
 def _latency(latency_ms: int | None, delay_ms: int | None) -> int | None:
     """`latency_ms`, the name both ASR families take, or its alias `delay_ms`."""
     if latency_ms is not None and delay_ms is not None and latency_ms != delay_ms:
