@@ -213,7 +213,7 @@ class Store:
     def __init__(self, gate: threading.Event | None = None):
         self.gate = gate
 
-    def ensure(self, model_id, progress):
+    def ensure(self, model_id, progress, kind=None):
         if self.gate is not None:
             progress(0, 100)
             assert self.gate.wait(10)

@@ -578,6 +578,25 @@ def test_a_duplex_model_is_not_taken_for_speech_to_text():
         engine.shutdown()
 
 
+def test_the_store_refuses_another_kind_before_downloading_weights(monkeypatch):
+    from pathlib import Path
+
+    import mlx_speech.hub as hub
+    from mlx_speech.app.engine import HubStore
+    from mlx_speech.errors import CheckpointError
+
+    tts = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
+    with pytest.raises(CheckpointError, match="is a Voxtral TTS model, not speech-to-text; "
+                                              "use mlx_speech.say"):
+        HubStore().ensure(str(tts), lambda d, t: None, kind="asr")
+    assert HubStore().ensure(str(tts), lambda d, t: None, kind="tts") == str(tts)
+    asked = []
+    monkeypatch.setattr(hub, "_download", lambda repo, p, tqdm_class=None: asked.append(p) or tts)
+    with pytest.raises(CheckpointError, match="acme/tts is a Voxtral TTS model"):
+        HubStore().ensure("acme/tts", lambda d, t: None, kind="asr")
+    assert asked == [hub.CONFIG_FILES]  # the configs only: no weights were fetched
+
+
 # ---------------------------------------------------------------- permissions, login, insertion
 
 

@@ -231,7 +231,7 @@ class Engine:
 
         t0 = time.monotonic()
         try:
-            folder = self.store.ensure(model_id, progress)
+            folder = self.store.ensure(model_id, progress, kind=kind)
             self.emit(ModelStatus(kind, model_id, "loading"))
             model = self._loader(folder)
             from mlx_speech.registry import check_loaded
@@ -386,16 +386,26 @@ def _session_kwargs(model, options: dict) -> dict:
 class HubStore:
     """Local folders as they are; hub ids through mlx_speech.hub.resolve with byte progress."""
 
-    def ensure(self, model_id: str, progress: Callable[[int, int], None]) -> str:
+    def ensure(self, model_id: str, progress: Callable[[int, int], None],
+               kind: str | None = None) -> str:
         from pathlib import Path
 
-        from mlx_speech.hub import resolve
-        from mlx_speech.registry import weight_patterns
+        from mlx_speech.errors import CheckpointError
+        from mlx_speech.hub import detect_model_type, resolve
+        from mlx_speech.registry import weight_patterns, wrong_kind
+
+        def check(model_type: str) -> None:
+            if kind is not None and (msg := wrong_kind(model_id, model_type, kind)):
+                raise CheckpointError(msg)
 
         p = Path(model_id).expanduser()
-        if p.exists():
+        if p.is_dir():
+            check(detect_model_type(p))
             return str(p)
-        return str(resolve(model_id, weight_patterns, tqdm_class=byte_progress(progress)))
+        if p.exists():
+            return str(p)  # a single-file checkpoint (.nemo): the loader says what it is
+        return str(resolve(model_id, weight_patterns, tqdm_class=byte_progress(progress),
+                           check=check))
 
 
 def byte_progress(report: Callable[[int, int], None]):
