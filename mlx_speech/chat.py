@@ -17,6 +17,7 @@ import argparse
 import collections
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -182,6 +183,9 @@ def _run(args) -> None:
         from .audio.io import check_readable
 
         check_readable(args.input)
+    voice = Path(args.voice).expanduser() if args.voice else None
+    if voice is not None and voice.suffix and not voice.is_file():  # a file, not a voice name
+        raise MlxSpeechError(f"no such voice file: {args.voice}")
     if not args.input and not args.list_voices:
         from .audio.devices import check_live_audio
 

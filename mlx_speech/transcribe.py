@@ -308,8 +308,11 @@ def _run(args) -> None:
     for f in args.files:
         check_readable(f)
     if args.save_audio:
-        from .audio.io import check_writable
+        from .audio.io import check_writable, output_format
 
+        if output_format(args.save_audio) == "pcm":  # soundfile needs a header to write to
+            raise MlxSpeechError(f"cannot write {args.save_audio}: --save-audio takes wav, "
+                                 "flac, ogg, opus or mp3")
         check_writable(args.save_audio)
     vad = None
     if args.live:

@@ -264,3 +264,18 @@ def test_live_with_a_bad_vad_path(no_load, monkeypatch, capsys, vr_folder, tmp_p
     assert transcribe.main(["--live", "--model", str(vr_folder), "--vad",
                             str(tmp_path / "vad.txt")]) == 1
     assert "is not Silero VAD weights" in one_error(capsys)
+
+
+def test_live_save_audio_and_chat_voice_files(no_load, monkeypatch, capsys, vr_folder, wav,
+                                              moshi_dir, tmp_path):
+    import mlx_speech.audio.devices as devices
+
+    monkeypatch.setattr(devices, "check_live_audio", lambda speaker=False: None)
+    for name, says in (("heard.docx", "unsupported audio format 'docx'"),
+                       ("heard.pcm", "--save-audio takes wav")):
+        assert transcribe.main(["--live", "--no-vad", "--model", str(vr_folder),
+                                "--save-audio", str(tmp_path / name)]) == 1
+        assert says in one_error(capsys)
+    assert chat.main(["--model", str(moshi_dir), "--input", str(wav), "--voice",
+                      str(tmp_path / "me.wav")]) == 1
+    assert one_error(capsys) == f"error: no such voice file: {tmp_path / 'me.wav'}"
