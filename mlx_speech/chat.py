@@ -13,7 +13,6 @@ a speaker underrun plays silence (counted). Neither stops the conversation.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 from .registry import check_loaded
 
@@ -144,9 +143,8 @@ def live(model, args, max_lag_frames: int = 3) -> None:
             log(f"{stats.summary()}, {speaker.underruns} speaker underruns{lost}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.chat", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.chat", description=__doc__)
     p.add_argument("--model", default=DEFAULT_DUPLEX_MODEL,
                    help=f"hub id or folder (default {DEFAULT_DUPLEX_MODEL})")
     p.add_argument("--voice", help="voice prompt: a name from --list-voices, a .pt/.safetensors "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import sys
@@ -9,6 +10,17 @@ import threading
 from collections.abc import Callable
 
 from .errors import MlxSpeechError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the error contract: a bad option is one `error: ...` line (exit 2). The
+    description (the module's docstring) is printed as written."""
+
+    def __init__(self, *args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def log(msg: str) -> None:

@@ -11,13 +11,14 @@ It loads no model and makes at most one network request (the hub, with a short t
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from .cliutil import ArgumentParser
 
 OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"
 HUB_TIMEOUT_S = 2.0
@@ -246,9 +247,8 @@ def collect(offline: bool = False) -> tuple[list[Row], dict]:
     return rows, {"models": models}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech doctor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech doctor", description=__doc__)
     p.add_argument("--offline", action="store_true", help="make no network request")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p

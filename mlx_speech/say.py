@@ -11,12 +11,11 @@ mono); the default comes from the -o extension. Logs and progress go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from pathlib import Path
 
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 from .registry import check_loaded
 
@@ -26,9 +25,8 @@ LONG_TEXT_CHARS = 400  # longer texts get a progress bar even when stderr is not
 NO_SPEAKER_HINT = "; use -o FILE to write a file instead"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.say", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.say", description=__doc__)
     p.add_argument("text", nargs="?", help='text to speak; "-" or nothing reads stdin')
     p.add_argument("--model", default=DEFAULT_TTS_MODEL,
                    help=f"hub repo id or local folder (default {DEFAULT_TTS_MODEL})")

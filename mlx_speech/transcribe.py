@@ -11,12 +11,11 @@ Results go to stdout (or -o), logs and progress to stderr. --live ends a line at
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
 
@@ -240,9 +239,8 @@ def live(model, args, vad=None) -> None:
         log(f"wrote {saved.path}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.transcribe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.transcribe", description=__doc__)
     p.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
     p.add_argument("--live", action="store_true", help="transcribe the microphone")

@@ -277,3 +277,16 @@ def test_live_save_audio_and_chat_voice_files(no_load, monkeypatch, capsys, vr_f
     assert chat.main(["--model", str(moshi_dir), "--input", str(wav), "--voice",
                       str(tmp_path / "me.wav")]) == 1
     assert one_error(capsys) == f"error: no such voice file: {tmp_path / 'me.wav'}"
+
+
+@pytest.mark.parametrize("main, argv", [
+    (transcribe.main, ["a.wav", "--latency-ms", "soon"]),
+    (say.main, ["hi", "--bogus"]),
+    (chat.main, ["--user-lag", "7"]),
+])
+def test_a_bad_option_is_one_line(capsys, main, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    line = one_error(capsys)
+    assert line.endswith("--help)") and "usage:" not in line

@@ -18,15 +18,12 @@ handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only fro
 
 from __future__ import annotations
 
-import argparse
-
-from ..cliutil import log, run_cli
+from ..cliutil import ArgumentParser, log, run_cli
 from ..errors import MlxSpeechError, optional
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.server", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.server", description=__doc__)
     p.add_argument("--model", action="append", required=True,
                    help="hub repo id or local folder; repeat to serve several. Clients name a "
                         "model by exactly this string")
