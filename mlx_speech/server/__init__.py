@@ -79,16 +79,15 @@ def bind(host: str, port: int):
     now, not after minutes of loading."""
     import socket
 
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise MlxSpeechError(f"cannot listen on {host}: {e.strerror}") from None
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        sock.bind(addr)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
         sock.listen(2048)
+    except socket.gaierror as e:
+        sock.close()
+        raise MlxSpeechError(f"cannot listen on {host}: {e.strerror}") from None
     except OSError as e:
         sock.close()
         import errno
@@ -97,7 +96,6 @@ def bind(host: str, port: int):
             raise MlxSpeechError(f"cannot listen on {host}:{port}: the port is in use (another "
                                  "server running? choose another with --port)") from None
         raise MlxSpeechError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
     return sock
 
 
