@@ -27,13 +27,14 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     `kind` (one kind or a tuple): the kinds the caller can use; another kind raises
     `CheckpointError` from the config files, before any weights are downloaded or read.
     `check(model_type)` runs at the same point (it raises to stop: a caller's own checks that
-    depend on the model type). `log(line)` hears how much a hub download is about to fetch.
+    depend on the model type). `log(line)` hears how much a hub download is about to fetch,
+    and `loading ...` once the checks pass.
     """
     from pathlib import Path
 
     from .errors import CheckpointError
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, model_module, weight_patterns, wrong_kind
+    from .registry import ARCHIVES, NAMES, model_module, weight_patterns, wrong_kind
 
     def checks(model_type: str) -> None:
         if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
@@ -43,11 +44,13 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
-        checks(ARCHIVES[p.suffix])
-        return model_module(ARCHIVES[p.suffix]).load(p, **kwargs)
-    folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
-    model_type = detect_model_type(folder)
+        model_type, folder = ARCHIVES[p.suffix], p
+    else:
+        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
+        model_type = detect_model_type(folder)
     checks(model_type)
+    if log is not None:
+        log(f"loading {path_or_repo} ({NAMES.get(model_type, model_type)})")
     return model_module(model_type).load(folder, **kwargs)
 
 

@@ -190,7 +190,6 @@ def _run(args) -> None:
         check_live_audio(speaker=True)
     import mlx_speech
 
-    log(f"loading {args.model}")
     model = mlx_speech.load(args.model, kind="duplex", log=log, **quantize_kwargs(args))
     check_loaded(args.model, model, "duplex")
     if args.list_voices:

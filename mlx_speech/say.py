@@ -179,7 +179,6 @@ def _run(args) -> None:
 
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
-    log(f"loading {args.model}")
     model = mlx_speech.load(args.model, kind="tts", log=log,
                             **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))

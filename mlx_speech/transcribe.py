@@ -320,7 +320,6 @@ def _run(args) -> None:
         vad = load_live_vad(args)  # small: a bad --vad is found before the big model loads
     import mlx_speech
 
-    log(f"loading {args.model}")
     model = mlx_speech.load(args.model, kind="asr", log=log,
                             check=lambda t: check_latency(t, args.latency_ms),
                             **quantize_kwargs(args))

@@ -58,7 +58,7 @@ def vr_folder(tmp_path_factory) -> Path:
 
 def one_error(capsys) -> str:
     err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if not line.startswith("loading ")]
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err and " object at 0x" not in err, err
     return lines[0]

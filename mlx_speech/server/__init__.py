@@ -66,7 +66,6 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
         raise MlxSpeechError(f"--model {twice} is given twice")
     models = {}
     for m in ids:
-        log(f"loading {m}")
         model = mlx_speech.load(m, kind=SERVED_KINDS, log=log,
                                 **({"quantize": quantize} if quantize else {}))
         check_loaded(m, model, SERVED_KINDS)
