@@ -36,7 +36,6 @@ error or Ctrl-C leaves nothing; the same input gives byte-identical files.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -110,10 +109,9 @@ def _run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlx_speech.cliutil import run_cli
+    from mlx_speech.cliutil import ArgumentParser, run_cli
 
-    p = argparse.ArgumentParser(prog="mlx_speech.convert", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="mlx_speech.convert", description=__doc__)
     p.add_argument("src", help="hub id, model folder, .nemo, .pt/.pth/.ckpt/.bin, or a folder "
                                "of torch files")
     p.add_argument("out", help="output folder (must not exist or be empty), or a .safetensors "

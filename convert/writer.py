@@ -154,6 +154,11 @@ def _check_out(out: Path) -> None:
         raise MlxSpeechError(f"output {out} already exists and is not an empty folder")
     if not out.parent.is_dir():
         raise MlxSpeechError(f"folder {out.parent} does not exist")
+    try:  # the hidden sibling the conversion is written into, made and removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".check", dir=out.parent))
+    except OSError as e:
+        raise MlxSpeechError(f"cannot write {out}: {out.parent} does not take new folders "
+                             f"({e.strerror or e})") from None
 
 
 def check_options(quantize: int | None, group_size: int | None, dtype: str | None) -> None:
@@ -180,7 +185,9 @@ def load_source(src: str | Path, quantize: int | None = None, group_size: int | 
     if p.is_file() and p.suffix in ARCHIVES:
         kind, path = archive_type(p), p
     else:
-        path = resolve(src, weight_patterns)
+        from mlx_speech.cliutil import log
+
+        path = resolve(src, weight_patterns, log=log)
         kind = archive_type(path) if path.is_file() else detect_model_type(path)
     kwargs = {}
     if dtype is not None:
@@ -217,7 +224,10 @@ def convert_model(src: str | Path, out: str | Path, *, quantize: int | None = No
         "weights": {part: name for part, (name, _) in sorted(plan.parts.items())},
     }
     total = sum(v.nbytes for w in weights.values() for v in w.values())
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as e:
+        raise MlxSpeechError(f"cannot write {out}: {e.strerror or e}") from None
     try:
         from tqdm import tqdm
 

@@ -11,30 +11,48 @@ from ._subpackages import install as _install_subpackages  # noqa: E402
 _install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
 
 
-def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
+def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] | None = None,
+         check=None, log=None, **kwargs):
     """Load a model from a local folder or a Hugging Face repo id.
 
     The type comes from the checkpoint's own config (never the repo name); the
-    result is that model's wrapper: speech-to-text (`VoxtralRealtime`,
-    `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
-    (`VoxtralTTS`: `generate()`, `stream()`, `voices`) or full duplex (`Moshi`,
-    also PersonaPlex: `session().step()`) or voice activity detection (`SileroVAD`, see
+    result is that model's wrapper, whose `kind` says what it is: speech-to-text ("asr":
+    `VoxtralRealtime`, `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
+    ("tts": `VoxtralTTS`: `generate()`, `stream()`, `voices`), full duplex ("duplex": `Moshi`,
+    also PersonaPlex: `session().step()`) or voice activity detection ("vad": `SileroVAD`, see
     `mlx_speech.models.silero_vad.load_vad`). A `.nemo` archive path also works.
     Quantized MLX checkpoints load as they are; `quantize=4|6|8` (`group_size=64`)
     quantizes a full-precision one while loading.
+
+    `kind` (one kind or a tuple): the kinds the caller can use; another kind raises
+    `CheckpointError` from the config files, before any weights are downloaded or read.
+    `check(model_type)` runs at the same point (it raises to stop: a caller's own checks that
+    depend on the model type). `log(line)` hears how much a hub download is about to fetch,
+    and `loading ...` once the checks pass.
     """
     from pathlib import Path
 
+    from .errors import CheckpointError
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, archive_type, model_module, weight_patterns
+    from .registry import ARCHIVES, NAMES, archive_type, model_module, weight_patterns, wrong_kind
+
+    def checks(model_type: str) -> None:
+        if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
+            raise CheckpointError(msg)
+        if check is not None:
+            check(model_type)
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
-        return model_module(archive_type(p)).load(p, **kwargs)
-    folder = resolve(path_or_repo, weight_patterns)
-    if folder.is_file():  # a hub repo holding one .nemo archive
-        return model_module(archive_type(folder)).load(folder, **kwargs)
-    return model_module(detect_model_type(folder)).load(folder, **kwargs)
+        model_type, folder = archive_type(p), p
+    else:
+        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
+        # a hub repo holding one .nemo archive resolves to that file
+        model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
+    checks(model_type)
+    if log is not None:
+        log(f"loading {path_or_repo} ({NAMES.get(model_type, model_type)})")
+    return model_module(model_type).load(folder, **kwargs)
 
 
 __all__ = ["DEFAULT_ASR_MODEL", "__version__", "load"]

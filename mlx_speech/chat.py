@@ -13,7 +13,6 @@ a speaker underrun plays silence (counted). Neither stops the conversation.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 import time
@@ -21,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
+from .registry import check_loaded
 
 DEFAULT_DUPLEX_MODEL = "kyutai/moshiko-pytorch-bf16"
 
@@ -143,9 +143,8 @@ def live(model, args, max_lag_frames: int = 3) -> None:
             log(f"{stats.summary()}, {speaker.underruns} speaker underruns{lost}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.chat", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.chat", description=__doc__)
     p.add_argument("--model", default=DEFAULT_DUPLEX_MODEL,
                    help=f"hub id or folder (default {DEFAULT_DUPLEX_MODEL})")
     p.add_argument("--voice", help="voice prompt: a name from --list-voices, a .pt/.safetensors "
@@ -164,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the model family's reference behaviour)")
     add_quantize_args(p)
     p.add_argument("--list-voices", action="store_true", help="list the checkpoint's voices")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
 
@@ -177,17 +177,21 @@ def _run(args) -> None:
 
         output_format(args.output, args.format)
         check_writable(args.output)
-    if args.input and not Path(args.input).exists():
-        raise MlxSpeechError(f"audio file not found: {args.input}")
+    if args.input:
+        from .audio.io import check_readable
+
+        check_readable(args.input)
+    voice = Path(args.voice).expanduser() if args.voice else None
+    if voice is not None and voice.suffix and not voice.is_file():  # a file, not a voice name
+        raise MlxSpeechError(f"no such voice file: {args.voice}")
     if not args.input and not args.list_voices:
         from .audio.devices import check_live_audio
 
-        check_live_audio()
+        check_live_audio(speaker=True)
     import mlx_speech
 
-    model = mlx_speech.load(args.model, **quantize_kwargs(args))
-    if not hasattr(model, "session") or not hasattr(model, "frame_size"):
-        raise MlxSpeechError(f"{args.model} is not a full-duplex (Moshi/PersonaPlex) model")
+    model = mlx_speech.load(args.model, kind="duplex", log=log, **quantize_kwargs(args))
+    check_loaded(args.model, model, "duplex")
     if args.list_voices:
         print("\n".join(model.voices) if model.voices else "(this checkpoint has no voices)")
         return

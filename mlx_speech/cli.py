@@ -12,6 +12,7 @@ COMMANDS = {
     "convert": "mlx_speech.convert",
     "server": "mlx_speech.server",
     "app": "mlx_speech.app",
+    "doctor": "mlx_speech.doctor",
 }
 
 

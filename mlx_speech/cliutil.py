@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import sys
@@ -9,6 +10,17 @@ import threading
 from collections.abc import Callable
 
 from .errors import MlxSpeechError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the error contract: a bad option is one `error: ...` line (exit 2). The
+    description (the module's docstring) is printed as written."""
+
+    def __init__(self, *args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def log(msg: str) -> None:
@@ -41,18 +53,34 @@ def stop_on_ctrl_c():
 def run_cli(run: Callable[[object], None], args) -> int:
     """Run `run(args)`: bad input is one `error: ...` line and exit 1, Ctrl-C exit 130.
 
-    `--verbose` (where a command has it) re-raises for the full traceback.
+    Anything else is one line too: an OSError names its file, an unexpected exception says it
+    is a bug to report, exit 2. `--verbose` (where a command has it) re-raises for the full
+    traceback.
     """
+    verbose = getattr(args, "verbose", False)
     try:
         run(args)
     except MlxSpeechError as e:
-        if getattr(args, "verbose", False):
+        if verbose:
             raise
         log(f"error: {e}")
         return 1
     except KeyboardInterrupt:
         log("interrupted")
         return 130
+    except OSError as e:  # the disk, the network, a device: the system's own words
+        if verbose:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        log(f"error: {e.strerror or e}{where}")
+        return 1
+    except Exception as e:  # a bug: one line, and how to get the traceback to report it
+        if verbose:
+            raise
+        first = (str(e).splitlines() or [""])[0]
+        log(f"error: unexpected failure ({type(e).__name__}{': ' + first if first else ''}); "
+            "this is a bug: please report it with the output of --verbose and mlx_speech doctor")
+        return 2
     return 0
 
 

@@ -146,12 +146,8 @@ def load_diarizer(name: str | Path | None = None, **kwargs):
     """A diarizer model (default: the streaming Sortformer v2.1, fp16)."""
     import mlx_speech
 
-    from .errors import MlxSpeechError
-
-    model = mlx_speech.load(name or DEFAULT_DIARIZER, **kwargs)
-    if getattr(model, "kind", None) != "diarizer":
-        raise MlxSpeechError(f"{name} is not a diarization model")
-    return model
+    # the kind is checked from the config files, before any weights load
+    return mlx_speech.load(name or DEFAULT_DIARIZER, kind="diarizer", **kwargs)
 
 
 def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs

@@ -66,6 +66,17 @@ def detect_model_type(folder: Path) -> str:
     )
 
 
+def offline() -> bool:
+    """HF_HUB_OFFLINE set (as huggingface_hub reads it)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fetch_hint(repo: str) -> str:
+    """What to do when a repo cannot be fetched: the next steps, in one line."""
+    return (f"download it where the hub is reachable (hf download {repo}), then run with "
+            "HF_HUB_OFFLINE=1; or pass a local checkpoint folder with --model FOLDER")
+
+
 def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -74,17 +85,57 @@ def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
     try:
         kw = {} if tqdm_class is None else {"tqdm_class": tqdm_class}
         return Path(snapshot_download(repo, allow_patterns=patterns, **kw))
-    except Exception as e:  # network, auth, missing repo: one clear line
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = " (HF_HUB_OFFLINE=1 and not in the local cache)" if offline else ""
-        raise CheckpointError(f"cannot fetch {repo!r} from the hub{hint}: "
-                              f"{type(e).__name__}: {e}".splitlines()[0]) from None
+    except Exception as e:  # network, auth, missing repo: one clear line and the next step
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+        cause = e.__cause__ or e.__context__
+        if cause is not None and type(cause).__name__ in ("ConnectError", "ConnectionError",
+                                                           "ConnectTimeout", "ReadTimeout"):
+            why = "the hub is unreachable (no network?)"
+        if offline():
+            why = "HF_HUB_OFFLINE is set and it is not in the local cache"
+        raise CheckpointError(f"cannot fetch {repo!r} from the hub: {why}; "
+                              f"{fetch_hint(repo)}") from None
 
 
-def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None) -> Path:
+def download_size(repo: str, patterns: list[str], timeout: float = 10.0) -> tuple[int, int]:
+    """(bytes, files) of `repo`'s files matching `patterns` that are not in the local cache yet,
+    from the hub's metadata; (0, 0) offline or when the hub does not answer."""
+    if offline():
+        return 0, 0
+    from fnmatch import fnmatch
+
+    try:
+        from huggingface_hub import HfApi, try_to_load_from_cache
+
+        info = HfApi().model_info(repo, files_metadata=True, timeout=timeout)
+        total = files = 0
+        for f in info.siblings or []:
+            if not any(fnmatch(f.rfilename, p) for p in patterns):
+                continue
+            if isinstance(try_to_load_from_cache(repo, f.rfilename, revision=info.sha), str):
+                continue
+            total += f.size or 0
+            files += 1
+        return total, files
+    except Exception:  # sizes are a courtesy: the download itself reports real failures
+        return 0, 0
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, check=None,
+            log=None) -> Path:
     """A local folder as is, else a hub repo: configs first, then the files the
     model type needs (`weight_patterns(model_type, folder) -> list[str]`).
-    `tqdm_class` goes to huggingface_hub (the app reads its byte progress)."""
+    `tqdm_class` goes to huggingface_hub (the app reads its byte progress). `check(model_type)`
+    runs on the configs before any weights are downloaded (it raises to stop); `log(line)`
+    hears how much is about to be downloaded."""
     p = Path(path_or_repo).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -95,14 +146,30 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None) -
         raise CheckpointError(f"no such model folder: {repo}")
     folder = _download(repo, CONFIG_FILES)
     if (folder / "mlx_speech.json").exists():  # converted: holds only what load reads
-        return _download(repo, ["*"])
-    if not any((folder / f).exists() for f in CONFIG_FILES):
-        nemo = sorted(_download(repo, ["*.nemo"], tqdm_class).glob("*.nemo"))
-        if len(nemo) == 1:  # a NeMo release: one .nemo archive (returned as the file)
-            return nemo[0]
-        folder = _download(repo, CONFIG_FILES + [MIMI_FILE])  # legacy Kyutai layout
-    return _download(repo, CONFIG_FILES + weight_patterns(detect_model_type(folder), folder),
-                     tqdm_class)
+        patterns = ["*"]
+    else:
+        if not any((folder / f).exists() for f in CONFIG_FILES):
+            if log is not None:
+                size, files = download_size(repo, ["*.nemo"])
+                if files:
+                    log(f"downloading {human_size(size)} ({files} files) from {repo} to the "
+                        "Hugging Face cache")
+            nemo = sorted(_download(repo, ["*.nemo"], tqdm_class).glob("*.nemo"))
+            if len(nemo) == 1:  # a NeMo release: one .nemo archive (returned as the file)
+                return nemo[0]
+            folder = _download(repo, CONFIG_FILES + [MIMI_FILE])  # legacy Kyutai layout
+        patterns = None
+    model_type = detect_model_type(folder)
+    if check is not None:
+        check(model_type)
+    if patterns is None:
+        patterns = CONFIG_FILES + weight_patterns(model_type, folder)
+    if log is not None:
+        size, files = download_size(repo, patterns)
+        if files:
+            log(f"downloading {human_size(size)} ({files} files) from {repo} to the Hugging "
+                "Face cache")
+    return _download(repo, patterns, tqdm_class)
 
 
 def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config):

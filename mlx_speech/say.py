@@ -11,13 +11,13 @@ mono); the default comes from the -o extension. Logs and progress go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from pathlib import Path
 
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
+from .registry import check_loaded
 
 DEFAULT_TTS_MODEL = "mistralai/Voxtral-4B-TTS-2603"
 FORMATS = ("wav", "flac", "ogg", "opus", "mp3", "pcm")
@@ -25,9 +25,8 @@ LONG_TEXT_CHARS = 400  # longer texts get a progress bar even when stderr is not
 NO_SPEAKER_HINT = "; use -o FILE to write a file instead"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.say", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.say", description=__doc__)
     p.add_argument("text", nargs="?", help='text to speak; "-" or nothing reads stdin')
     p.add_argument("--model", default=DEFAULT_TTS_MODEL,
                    help=f"hub repo id or local folder (default {DEFAULT_TTS_MODEL})")
@@ -180,11 +179,10 @@ def _run(args) -> None:
 
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
-    log(f"loading {args.model}")
-    model = mlx_speech.load(args.model, **({"dtype": args.dtype} if args.dtype else {}),
+    model = mlx_speech.load(args.model, kind="tts", log=log,
+                            **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))
-    if not hasattr(model, "stream") or not hasattr(model, "voices"):
-        raise MlxSpeechError(f"{args.model} is not a text-to-speech model")
+    check_loaded(args.model, model, "tts")
     if args.list_voices:
         voices = list(model.voices or [])
         print("\n".join(voices) if voices else "(this checkpoint has no voices)")

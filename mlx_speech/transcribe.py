@@ -1,7 +1,7 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--timestamps] [--silence-ms 500] [--delay-ms 480]
+    mlx_speech.transcribe --live [--timestamps] [--silence-ms 500] [--latency-ms 480]
         [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
@@ -11,68 +11,15 @@ Results go to stdout (or -o), logs and progress to stderr. --live ends a line at
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
+from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
 
-FORMATS = ("txt", "json", "srt", "vtt")
 PROGRESS_MIN_SECONDS = 60.0
-
-
-def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, breaks=()):
-    """Group words into cues: split after . ? ! or at a pause or a long run, and before the
-    first word at or after each of `breaks` (seconds: where the VAD found a pause ending,
-    see `pause_breaks`)."""
-    from .writers import Segment
-
-    segs, cur = [], []
-    breaks, b = sorted(breaks), 0
-    for w in words:
-        crossed = False
-        while b < len(breaks) and w.start >= breaks[b]:
-            b += 1
-            crossed = True
-        if cur and (crossed or w.start - cur[-1].end > max_gap
-                    or w.end - cur[0].start > max_len):
-            segs.append(cur)
-            cur = []
-        cur.append(w)
-        if w.text.endswith((".", "?", "!", "。", "？", "！")):
-            segs.append(cur)
-            cur = []
-    if cur:
-        segs.append(cur)
-    return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
-
-
-def pause_break_steps(vad, audio, silence_ms: int = 500, piece_s: float = 16.384):
-    """`pause_breaks` a piece at a time: yields None after each `piece_s` of audio through the
-    VAD (so a server's engine can step live streams in between), then the breaks."""
-    import mlx.core as mx
-    import numpy as np
-
-    from .audio.turns import FRAME, SpeechStarted, TurnConfig, TurnDetector
-
-    det, state = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)), vad.make_state(1)
-    x = np.pad(np.asarray(audio, np.float32), (0, -len(audio) % FRAME))  # as Silero pads
-    starts, step = [], int(piece_s * 16000) // FRAME * FRAME
-    for i in range(0, len(x), step):
-        probs, state = vad(mx.array(x[None, i:i + step]), state)
-        mx.eval(probs, *state.arrays())
-        starts += [e.start for e in det.push(np.array(probs[0])) if isinstance(e, SpeechStarted)]
-        yield None
-    yield [s / 16000 for s in starts[1:]]
-
-
-def pause_breaks(vad, audio, silence_ms: int = 500) -> list[float]:
-    """Where speech resumes after each pause of `silence_ms` or more in a whole clip (16 kHz),
-    in seconds (the turns' starts, prefix padding included; the first turn's left out)."""
-    *_, breaks = pause_break_steps(vad, audio, silence_ms)
-    return breaks
 
 
 def _progress_bar(total_s: float):
@@ -116,16 +63,17 @@ def transcribe_file(model, path: str, args) -> str:
 
 
 def _mode(model, args) -> dict:
-    """The streaming-mode option each model family takes."""
-    from .models.voxtral_realtime import VoxtralRealtime
+    """The session options: `latency_ms`, the one name both ASR families take."""
+    return {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
 
-    if isinstance(model, VoxtralRealtime):
-        if args.latency_ms is not None:
-            raise MlxSpeechError("--latency-ms is for Nemotron; Voxtral takes --delay-ms")
-        return {"delay_ms": args.delay_ms}
-    if args.delay_ms is not None:
-        raise MlxSpeechError("--delay-ms is for Voxtral; Nemotron takes --latency-ms")
-    return {"latency_ms": args.latency_ms}
+
+def check_latency(model_type: str, latency_ms: int | None) -> None:
+    """--latency-ms against what the model family takes (from its config, before loading;
+    `load(kind="asr")` has already refused other kinds)."""
+    if latency_ms is not None:
+        from .registry import model_module
+
+        model_module(model_type).check_latency_ms(latency_ms)
 
 
 class _AudioLog:
@@ -255,12 +203,12 @@ def load_live_vad(args):
         return None
 
 
-def live(model, args) -> None:
+def live(model, args, vad=None) -> None:
+    """The microphone through `model`; `vad` from `load_live_vad` (None: one endless line)."""
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
     mode = _mode(model, args)
-    vad = load_live_vad(args)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -298,9 +246,8 @@ def live(model, args) -> None:
         log(f"wrote {saved.path}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.transcribe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.transcribe", description=__doc__)
     p.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("--model", default=DEFAULT_ASR_MODEL, help="hub repo id or local folder")
     p.add_argument("--live", action="store_true", help="transcribe the microphone")
@@ -315,10 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "shipped with mlx_speech)")
     p.add_argument("--no-vad", action="store_true",
                    help="--live: no VAD; one endless line")
-    p.add_argument("--delay-ms", type=int, default=None,
-                   help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
-    p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
-                   help="Nemotron: streaming latency mode (default: the model's)")
+    p.add_argument("--latency-ms", "--delay-ms", dest="latency_ms", type=int, default=None,
+                   help="streaming latency (default: the model's): Voxtral takes a multiple of "
+                        "80 ms, Nemotron 80, 160, 560 or 1120 (--delay-ms is its older name)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
@@ -333,48 +279,78 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_output(args) -> None:
+    """-o: a known format (from --format or the extension) and a place that can be written."""
+    from .audio.io import check_writable
+
+    out = Path(args.output)
+    if len(args.files) > 1:  # a folder of transcripts
+        if out.exists() and not out.is_dir():
+            raise MlxSpeechError(f"-o {out}: several inputs need a folder, and this is a file")
+        parent = out if out.exists() else out.parent
+        if not parent.is_dir():
+            raise MlxSpeechError(f"cannot write {out}: {parent} does not exist")
+        check_writable(parent / ".mlx_speech_check")
+        return
+    ext = out.suffix.lstrip(".").lower()
+    if args.format is None and ext and ext not in FORMATS:
+        raise MlxSpeechError(f"cannot write {out}: unknown transcript format {ext!r}; use one of "
+                             f"{', '.join(FORMATS)} (or --format)")
+    check_writable(out)
+
+
 def _run(args) -> None:
+    from .audio.io import check_readable
+
     if not args.files and not args.live:
         raise MlxSpeechError("give one or more audio files, or --live")
-    if args.format is None:
-        ext = Path(args.output).suffix.lstrip(".") if args.output else ""
-        args.format = ext if ext in FORMATS else "txt"
-    if args.delay_ms is not None:
-        from .models.voxtral_realtime.session import delay_tokens
-
-        delay_tokens(args.delay_ms)  # fail before loading a big model
-    for f in args.files:
-        if not Path(f).exists():
-            raise MlxSpeechError(f"no such file: {f}")
-    if args.live and args.files:
-        raise MlxSpeechError("give audio files or --live, not both")
-    if not args.live and (args.timestamps or args.no_vad or args.vad):
-        raise MlxSpeechError("--timestamps, --vad and --no-vad are for --live")
-    if args.save_audio:
-        if not args.live:
-            raise MlxSpeechError("--save-audio is for --live")
-        from .audio.io import check_writable
-
-        check_writable(args.save_audio)
-    if args.live:
-        from .audio.devices import check_live_audio
-
-        check_live_audio()
-    import mlx_speech
-
     if args.diarize and args.live:
         raise MlxSpeechError("--diarize is for audio files")
     if args.diarizer and not args.diarize:
         raise MlxSpeechError("--diarizer needs --diarize")
-    log(f"loading {args.model}")
-    model = mlx_speech.load(args.model, **quantize_kwargs(args))
+    if args.live and args.files:
+        raise MlxSpeechError("give audio files or --live, not both")
+    if not args.live and (args.timestamps or args.no_vad or args.vad):
+        raise MlxSpeechError("--timestamps, --vad and --no-vad are for --live")
+    if args.save_audio and not args.live:
+        raise MlxSpeechError("--save-audio is for --live")
+    if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):
+        raise MlxSpeechError(f"--latency-ms must be a multiple of 80, got {args.latency_ms}")
+    if args.output:  # every check before loading a multi-GB model
+        check_output(args)
+    if args.format is None:
+        ext = Path(args.output).suffix.lstrip(".").lower() if args.output else ""
+        args.format = ext if ext in FORMATS else "txt"
+    for f in args.files:
+        check_readable(f)
+    if args.save_audio:
+        from .audio.io import check_writable, output_format
+
+        if output_format(args.save_audio) == "pcm":  # soundfile needs a header to write to
+            raise MlxSpeechError(f"cannot write {args.save_audio}: --save-audio takes wav, "
+                                 "flac, ogg, opus or mp3")
+        check_writable(args.save_audio)
+    vad = None
+    if args.live:
+        from .audio.devices import check_live_audio
+
+        check_live_audio()
+        vad = load_live_vad(args)  # small: a bad --vad is found before the big model loads
+    import mlx_speech
+
+    model = mlx_speech.load(args.model, kind="asr", log=log,
+                            check=lambda t: check_latency(t, args.latency_ms),
+                            **quantize_kwargs(args))
+    from .registry import check_loaded
+
+    check_loaded(args.model, model, "asr")
     if args.diarize:
         from .diarize import DEFAULT_DIARIZER, load_diarizer
 
         log(f"loading {args.diarizer or DEFAULT_DIARIZER}")
         args.diarizer_model = load_diarizer(args.diarizer)
     if args.live:
-        live(model, args)
+        live(model, args, vad)
         return
     many = len(args.files) > 1
     for f in args.files:

@@ -147,6 +147,7 @@ class FakeSession:
 
 
 class FakeASR:
+    kind, family = "asr", "nemotron"
     sample_rate = 16000
 
     def __init__(self):
@@ -166,6 +167,7 @@ class _Chunk:
 class FakeTTS:
     """Yields a 0.16 s chunk each time `gate` is released (so tests control generation)."""
 
+    kind = "tts"
     sample_rate = 24000
     voices = ["a", "b"]
 
@@ -211,7 +213,7 @@ class Store:
     def __init__(self, gate: threading.Event | None = None):
         self.gate = gate
 
-    def ensure(self, model_id, progress):
+    def ensure(self, model_id, progress, kind=None):
         if self.gate is not None:
             progress(0, 100)
             assert self.gate.wait(10)

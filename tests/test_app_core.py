@@ -552,6 +552,51 @@ def test_a_model_that_cannot_load_is_an_error_not_a_hang():
         engine.shutdown()
 
 
+def test_a_duplex_model_is_not_taken_for_speech_to_text():
+    """A Moshi model has `.session` too; the app asks the model's kind."""
+    from mlx_speech.app.engine import Engine
+
+    class Duplex:
+        kind, sample_rate, frame_size = "duplex", 24000, 1920
+
+        def session(self, **kw):
+            raise AssertionError("a duplex session was opened for dictation")
+
+    holder: list = []
+    engine = Engine(lambda ev: holder[0].post(ev), store=Store(), load=lambda f: Duplex()).start()
+    app, clock, events = make_app(Settings(asr_model="kyutai/moshiko"), engine=engine,
+                                  events=[])
+    holder.append(app)
+    try:
+        hold_to_talk(app, clock)
+        pump_until(app, lambda: not app.busy)
+        msgs = [e["message"] for e in kinds(events, "error")]
+        assert ("cannot load kyutai/moshiko: kyutai/moshiko is a full-duplex model, not "
+                "speech-to-text; use mlx_speech.chat") in msgs, msgs
+        assert app.models["asr"].status == "failed"
+    finally:
+        engine.shutdown()
+
+
+def test_the_store_refuses_another_kind_before_downloading_weights(monkeypatch):
+    from pathlib import Path
+
+    import mlx_speech.hub as hub
+    from mlx_speech.app.engine import HubStore
+    from mlx_speech.errors import CheckpointError
+
+    tts = Path(__file__).parent / "golden" / "voxtral_tts" / "ckpt"
+    with pytest.raises(CheckpointError, match="is a Voxtral TTS model, not speech-to-text; "
+                                              "use mlx_speech.say"):
+        HubStore().ensure(str(tts), lambda d, t: None, kind="asr")
+    assert HubStore().ensure(str(tts), lambda d, t: None, kind="tts") == str(tts)
+    asked = []
+    monkeypatch.setattr(hub, "_download", lambda repo, p, tqdm_class=None: asked.append(p) or tts)
+    with pytest.raises(CheckpointError, match="acme/tts is a Voxtral TTS model"):
+        HubStore().ensure("acme/tts", lambda d, t: None, kind="asr")
+    assert asked == [hub.CONFIG_FILES]  # the configs only: no weights were fetched
+
+
 # ---------------------------------------------------------------- permissions, login, insertion
 
 

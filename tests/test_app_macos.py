@@ -311,7 +311,7 @@ def test_login_item_on_starts_no_second_copy(home, monkeypatch):
 
 def test_quit_joins_the_engine_before_exit(home, monkeypatch):
     class SlowStore:  # a 30 s download: quitting must not wait for it, nor leave it running
-        def ensure(self, model_id, progress):
+        def ensure(self, model_id, progress, kind=None):
             for i in range(3000):
                 progress(i, 3000)
                 time.sleep(0.01)

@@ -26,6 +26,7 @@ class FakeSession:
 
 
 class FakeDuplex:
+    kind = "duplex"
     sample_rate, frame_size, voices = SR, FRAME, ["NATF0", "NATM1"]
 
     def __init__(self):
@@ -73,7 +74,7 @@ def test_list_voices(fake, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["-o", "x.wav"], "-o needs --input"),
-    (["--input", "missing.wav"], "not found"),
+    (["--input", "missing.wav"], "no such file"),
     (["--input", "{wav}", "-o", "{tmp}/a.xyz"], "unsupported audio format"),
     (["--input", "{wav}", "-o", "{tmp}/nofolder/a.wav"], "does not exist"),
     (["--input", "{wav}", "--voice", "NOPE"], "unknown voice"),
@@ -100,6 +101,7 @@ class FakeMic:
     """Delivers a burst of frames at once, as if the model had stalled."""
 
     ended = False
+    check = staticmethod(lambda device=None: None)  # a microphone is there
 
     def __init__(self, sample_rate, block_samples):
         self.blocks = [np.full(block_samples, i, np.float32) for i in range(8)]
@@ -130,6 +132,7 @@ class FakeMic:
 
 class FakeSpeaker:
     failure, dropped = None, 0
+    check = staticmethod(lambda device=None, hint="": None)  # a speaker is there
 
     def __init__(self, sample_rate, block_samples, **kw):
         self.written, self.underruns = [], 1

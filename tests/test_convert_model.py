@@ -328,7 +328,7 @@ def test_hub_ids_in_and_out(tmp_path, monkeypatch):
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
-    def download(repo, patterns):  # the hub, serving only the files asked for
+    def download(repo, patterns, tqdm_class=None):  # the hub, serving only the files asked for
         assert repo == "acme/tiny-q8"
         got = tmp_path / "dl"
         for f in (tmp_path / "conv").rglob("*"):

@@ -319,13 +319,17 @@ def test_clis_pass_quantize_to_load(cli, monkeypatch, capsys, tmp_path):
         seen.update(kw)
         raise MlxSpeechError("stop here")
 
+    import soundfile as sf
+
     monkeypatch.setattr(mlx_speech, "load", fake_load)
     mod = importlib.import_module(f"mlx_speech.{cli}")
-    first = {"say": ["hi", "-o", str(tmp_path / "x.wav")], "chat": [],
-             "transcribe": [str(VR / "fp32" / "params.json")]}
+    wav = tmp_path / "in.wav"  # inputs are checked (decoded) before any load
+    sf.write(wav, np.zeros(1600, np.float32), 16000)
+    first = {"say": ["hi", "-o", str(tmp_path / "x.wav")], "chat": ["--input", str(wav)],
+             "transcribe": [str(wav)]}
     argv = first[cli] + ["--model", "x", "--quantize", "8", "--group-size", "128"]
     assert mod.main(argv) == 1
-    assert seen == {"quantize": 8, "group_size": 128}
+    assert {k: seen[k] for k in ("quantize", "group_size")} == {"quantize": 8, "group_size": 128}
     assert "stop here" in capsys.readouterr().err
 
 

@@ -26,6 +26,7 @@ def tone(seconds: float, f: float, sr: int = SR) -> np.ndarray:
 class FakeTTS:
     """One 0.25 s tone per sentence; the pitch depends on the voice and seed."""
 
+    kind = "tts"
     sample_rate = SR
     voices = ["neutral_female", "casual_male"]
 
@@ -74,7 +75,7 @@ def fake(monkeypatch):
     loads = []
 
     def load(path, **kw):
-        loads.append((path, kw))
+        loads.append((path, {k: v for k, v in kw.items() if k != "log"}))
         return model
 
     monkeypatch.setattr(mlx_speech, "load", load)
@@ -110,7 +111,7 @@ def test_write_wav_with_voice_and_options(fake, tmp_path, capsys):
                              "--max-frames", "40", "--dtype", "float16", "-o", str(out)], capsys)
     assert code == 0, err
     assert stdout == "" and f"wrote {out} (0.5 s of audio)" in err
-    assert fake.loads == [("mistralai/Voxtral-4B-TTS-2603", {"dtype": "float16"})]
+    assert fake.loads == [("mistralai/Voxtral-4B-TTS-2603", {"kind": "tts", "dtype": "float16"})]
     assert fake.calls[0] == {"text": "Hello. World.", "voice": "casual_male", "seed": 5,
                              "max_frames": 40}
     y, sr = sf.read(out, dtype="float32")

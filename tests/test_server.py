@@ -347,6 +347,14 @@ def test_fault_cases_then_still_correct(srv, models, client):
     r = httpx.post(srv.base + "/v1/audio/transcriptions", content=chunked(), headers={
         "Authorization": f"Bearer {KEY}", "Content-Type": "multipart/form-data; boundary=b"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    # an upload that is not audio: the field and the file's name, no Python object
+    r = httpx.post(srv.base + "/v1/audio/transcriptions", headers={
+        "Authorization": f"Bearer {KEY}"}, data={"model": "nm"},
+        files={"file": ("notes.txt", b"not audio at all", "text/plain")})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "file", err
+    assert err["message"].startswith("the 'file' field ('notes.txt'): cannot read the audio")
+    assert "0x" not in err["message"] and "BytesIO" not in err["message"], err
     # still healthy and correct
     assert httpx.get(srv.base + "/health").status_code == 200
     x = speechlike(1.5, seed=9)
@@ -494,8 +502,6 @@ def test_command_line(monkeypatch, capsys, tmp_path):
     import subprocess
     import sys
 
-    import uvicorn
-
     from mlx_speech import cli
     from mlx_speech import server as srv_mod
 
@@ -518,20 +524,67 @@ def test_command_line(monkeypatch, capsys, tmp_path):
         seen[path] = kw
         return nm
 
-    def fake_run(app, host, port, **kw):
-        seen["bind"] = (host, port)
+    def fake_serve(app, sock):
+        seen["bind"] = sock.getsockname()[:2]
 
     monkeypatch.setattr(mlx_speech, "load", fake_load)
-    monkeypatch.setattr(uvicorn, "run", fake_run)
-    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "8123"]) == 0
-    assert seen["a/b"] == {"quantize": 4} and seen["bind"] == ("127.0.0.1", 8123)
+    monkeypatch.setattr(srv_mod, "serve", fake_serve)
+    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "0"]) == 0
+    assert seen["a/b"]["quantize"] == 4 and seen["bind"][0] == "127.0.0.1" and seen["bind"][1]
+    assert seen["a/b"]["kind"] == ("asr", "tts", "duplex")
     assert "warning" not in capsys.readouterr().err
-    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0"]) == 0
+    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--port", "0"]) == 0
     assert "warning: listening on 0.0.0.0 without --api-key" in capsys.readouterr().err
-    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--api-key", "k",
+                         "--port", "0"]) == 0
     assert "warning" not in capsys.readouterr().err
     assert srv_mod.main(["--model", "m", "--model", "m"]) == 1
     assert "given twice" in capsys.readouterr().err
+
+
+def test_port_in_use_is_one_line_before_any_load(monkeypatch, capsys):
+    import socket
+
+    from mlx_speech import server as srv_mod
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the port was bound")
+
+    monkeypatch.setattr(mlx_speech, "load", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert srv_mod.main(["--model", "a/b", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot listen on 127.0.0.1:{port}: the port is in use (another "
+                   "server running? choose another with --port)"]
+
+
+def test_server_refuses_a_vad_before_loading_it(monkeypatch, capsys, tmp_path):
+    """A served model's kind comes from its config files: a Silero VAD folder is refused
+    before its weights are read."""
+    import mlx_speech.models.silero_vad as sv
+    from mlx_speech import server as srv_mod
+
+    monkeypatch.setattr(sv, "load", lambda *a, **k: pytest.fail("loaded"))
+    (tmp_path / "config.json").write_text('{"model_type": "silero_vad"}')
+    monkeypatch.setattr(srv_mod, "serve", lambda app, sock: pytest.fail("served"))
+    assert srv_mod.main(["--model", str(tmp_path), "--port", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: {tmp_path} is a Silero VAD model, not speech-to-text or "
+                   "text-to-speech or full-duplex; give it to --vad")
+
+
+def test_server_does_not_import_the_cli():
+    import subprocess
+    import sys
+
+    code = ("import sys, mlx_speech.server.app, mlx_speech.server.realtime; "
+            "print('mlx_speech.transcribe' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.stdout.strip() == "False", r.stderr
 
 
 def test_text_deltas_join_to_the_final_text():

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mlx_speech.cliutil import log, run_cli
+from mlx_speech.cliutil import ArgumentParser, log, run_cli
 from mlx_speech.errors import MlxSpeechError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.app", description=__doc__)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--simulate", action="store_true",
                       help="headless: real models and audio devices, hotkeys from stdin")

@@ -19,10 +19,11 @@ from importlib import metadata
 from pathlib import Path
 
 from mlx_speech import __version__
+from mlx_speech.doctor import FAIL, NA, OK, WARN, mlx_row, render, vad_row
 
 from .ports import GRANTED, PERMISSIONS
 
-OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"
+__all__ = ["FAIL", "NA", "OK", "WARN", "collect", "main", "render"]
 LABELS = {"input_monitoring": "input monitoring", "accessibility": "accessibility",
           "microphone": "microphone"}
 FIX = {"input_monitoring": "Privacy & Security > Input Monitoring: switch MLX Speech on",
@@ -234,12 +235,7 @@ def collect(darwin: bool | None = None, mic_seconds: float = 1.0) -> list[tuple[
     darwin = sys.platform == "darwin" if darwin is None else darwin
     rows = identity_rows(darwin) + permission_rows(darwin)
     rows.append(mic_row(mic_seconds, darwin))
-    return rows + place_rows() + [version_row()]
-
-
-def render(rows: list[tuple[str, str, str]]) -> str:
-    w = max(len(name) for name, _, _ in rows)
-    return "\n".join(f"{name:<{w}}  {status:<4}  {detail}" for name, status, detail in rows)
+    return rows + place_rows() + [vad_row(), mlx_row(), version_row()]
 
 
 def _as_app(app: Path, timeout: float = 60.0) -> str | None:
@@ -272,6 +268,6 @@ def main(report: str | None = None, darwin: bool | None = None) -> None:
         print(inner.rstrip() if inner else "could not run it (open -W -n failed); double "
               "click the app once, then run this again")
     if not darwin:
-        print("\nOn Linux only the microphone, the model cache and the versions are checked;"
-              " the rest needs a Mac.")
+        print("\nOn Linux only the microphone, the model cache, the VAD, MLX and the versions "
+              "are checked; the rest needs a Mac.")
     sys.stdout.flush()

@@ -231,13 +231,12 @@ class Engine:
 
         t0 = time.monotonic()
         try:
-            folder = self.store.ensure(model_id, progress)
+            folder = self.store.ensure(model_id, progress, kind=kind)
             self.emit(ModelStatus(kind, model_id, "loading"))
             model = self._loader(folder)
-            need = "session" if kind == "asr" else "stream"
-            if not hasattr(model, need):
-                what = "speech-to-text" if kind == "asr" else "text-to-speech"
-                raise ValueError(f"{model_id} is not a {what} model")
+            from mlx_speech.registry import check_loaded
+
+            check_loaded(model_id, model, kind)
         except Stopping:
             raise
         except Exception as e:
@@ -375,12 +374,10 @@ def _user_error(e: Exception) -> bool:
 
 
 def _session_kwargs(model, options: dict) -> dict:
-    """Voxtral takes delay_ms, Nemotron latency_ms; None means the model's default."""
-    from mlx_speech.models.voxtral_realtime import VoxtralRealtime
-
-    key = "delay_ms" if isinstance(model, VoxtralRealtime) else "latency_ms"
-    v = options.get(key)
-    return {} if v is None else {key: v}
+    """The session's `latency_ms`: the settings keep one per family (Voxtral's delay_ms, any
+    multiple of 80; Nemotron's latency_ms, four modes); None means the model's default."""
+    v = options.get("delay_ms" if getattr(model, "family", None) == "voxtral" else "latency_ms")
+    return {} if v is None else {"latency_ms": v}
 
 
 # ---------------------------------------------------------------- model store
@@ -389,16 +386,26 @@ def _session_kwargs(model, options: dict) -> dict:
 class HubStore:
     """Local folders as they are; hub ids through mlx_speech.hub.resolve with byte progress."""
 
-    def ensure(self, model_id: str, progress: Callable[[int, int], None]) -> str:
+    def ensure(self, model_id: str, progress: Callable[[int, int], None],
+               kind: str | None = None) -> str:
         from pathlib import Path
 
-        from mlx_speech.hub import resolve
-        from mlx_speech.registry import weight_patterns
+        from mlx_speech.errors import CheckpointError
+        from mlx_speech.hub import detect_model_type, resolve
+        from mlx_speech.registry import weight_patterns, wrong_kind
+
+        def check(model_type: str) -> None:
+            if kind is not None and (msg := wrong_kind(model_id, model_type, kind)):
+                raise CheckpointError(msg)
 
         p = Path(model_id).expanduser()
-        if p.exists():
+        if p.is_dir():
+            check(detect_model_type(p))
             return str(p)
-        return str(resolve(model_id, weight_patterns, tqdm_class=byte_progress(progress)))
+        if p.exists():
+            return str(p)  # a single-file checkpoint (.nemo): the loader says what it is
+        return str(resolve(model_id, weight_patterns, tqdm_class=byte_progress(progress),
+                           check=check))
 
 
 def byte_progress(report: Callable[[int, int], None]):

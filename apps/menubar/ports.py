@@ -143,9 +143,11 @@ class Speaker(Protocol):
 
 
 class ModelStore(Protocol):
-    def ensure(self, model_id: str, progress: Callable[[int, int], None]) -> str:
+    def ensure(self, model_id: str, progress: Callable[[int, int], None],
+               kind: str | None = None) -> str:
         """A local folder for `model_id`, downloading it first if needed;
-        `progress(done_bytes, total_bytes)` while downloading."""
+        `progress(done_bytes, total_bytes)` while downloading. `kind` ("asr", "tts"): refuse
+        another kind of model from its config files, before any weights download."""
 
 
 class Recorder(Protocol):

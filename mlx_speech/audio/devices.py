@@ -31,9 +31,13 @@ def _sounddevice():
     return sounddevice
 
 
-def check_live_audio() -> None:
-    """Raise now, before a model loads, when sounddevice or PortAudio is missing."""
+def check_live_audio(speaker: bool = False) -> None:
+    """Raise now, before a model loads, when sounddevice or PortAudio is missing or there is no
+    microphone (and, with `speaker`, no audio output device)."""
     _sounddevice()
+    Microphone.check()
+    if speaker:
+        Speaker.check()
 
 
 def _open_stream(sd, kind, owner, what: str, hint: str):
@@ -107,17 +111,24 @@ class Microphone:
         except queue.Full:
             self.dropped += 1
 
-    def start(self) -> None:
-        if self._stream is not None:
-            return
+    @staticmethod
+    def check(device: int | str | None = None):
+        """Raise DeviceError now if there is no microphone (`device`: a name or index); returns
+        the sounddevice module. Commands call it before they load a model."""
         sd = _sounddevice()
         try:
-            sd.query_devices(self.device, kind="input")
+            sd.query_devices(device, kind="input")
         except (ValueError, sd.PortAudioError):
-            what = "" if self.device is None else f" matching {self.device!r}"
+            what = "" if device is None else f" matching {device!r}"
             raise DeviceError(
                 f"no microphone found (no audio input device{what})"
             ) from None
+        return sd
+
+    def start(self) -> None:
+        if self._stream is not None:
+            return
+        sd = self.check(self.device)
         self._last = time.monotonic()
         stream = _open_stream(sd, sd.InputStream, self, "microphone",
                               f"; {_PERMISSION_HINT}")
@@ -209,6 +220,8 @@ class Speaker:
     for realtime loops. The stream is always aborted, never stopped (stopping
     waits on the device); a normal exit first waits for the played-out audio.
     """
+
+    check = staticmethod(check_output_device)  # no speaker: DeviceError before a model loads
 
     def __init__(
         self,

@@ -87,6 +87,31 @@ def load_audio(
     return np.ascontiguousarray(x), sr
 
 
+def check_readable(path: str | Path) -> None:
+    """Raise AudioError now if `path` is not an audio file `load_audio` can read: it exists, is
+    readable, its header decodes and it holds samples. Reads the header only (commands call it
+    before they load a model)."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.exists():
+        raise AudioError(f"no such file: {path}")
+    if path.is_dir():
+        raise AudioError(f"{path} is a folder, not an audio file")
+    if not os.access(path, os.R_OK):
+        raise AudioError(f"cannot read {path}: permission denied")
+    try:
+        info = sf.info(str(path))
+    except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as e:
+        why = str(e).replace(repr(str(path)), "").replace("Error opening :", "").strip()
+        raise AudioError(f"cannot read {path}: format not supported or file is corrupt"
+                         + (f" ({why})" if why else "")) from None
+    except OSError as e:
+        raise AudioError(f"cannot read {path}: {e.strerror or e}") from None
+    if info.frames == 0:
+        raise AudioError(f"{path} is empty (0 samples)")
+
+
 def output_format(path: str | Path, format: str | None = None) -> str:
     """The WRITE_FORMATS name for `format`, else for the file suffix; raises if unsupported."""
     path = Path(path)

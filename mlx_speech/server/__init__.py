@@ -18,15 +18,12 @@ handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only fro
 
 from __future__ import annotations
 
-import argparse
-
-from ..cliutil import log, run_cli
+from ..cliutil import ArgumentParser, log, run_cli
 from ..errors import MlxSpeechError, optional
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlx_speech.server", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech.server", description=__doc__)
     p.add_argument("--model", action="append", required=True,
                    help="hub repo id or local folder; repeat to serve several. Clients name a "
                         "model by exactly this string")
@@ -60,23 +57,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SERVED_KINDS = ("asr", "tts", "duplex")
+
+
 def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object]:
     import mlx_speech
 
-    from .common import model_kind
+    from ..registry import check_loaded
 
+    if len(set(ids)) != len(ids):
+        twice = next(m for m in ids if ids.count(m) > 1)
+        raise MlxSpeechError(f"--model {twice} is given twice")
     models = {}
     for m in ids:
-        if m in models:
-            raise MlxSpeechError(f"--model {m} is given twice")
-        log(f"loading {m}")
-        model = mlx_speech.load(m, **({"quantize": quantize} if quantize else {}))
-        try:
-            model_kind(model)
-        except ValueError as e:
-            raise MlxSpeechError(f"{m}: {e}") from None
+        model = mlx_speech.load(m, kind=SERVED_KINDS, log=log,
+                                **({"quantize": quantize} if quantize else {}))
+        check_loaded(m, model, SERVED_KINDS)
         models[m] = model
     return models
+
+
+def bind(host: str, port: int):
+    """The listening socket, bound before any model loads: a port in use is one error line
+    now, not after minutes of loading."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except socket.gaierror as e:
+        sock.close()
+        raise MlxSpeechError(f"cannot listen on {host}: {e.strerror}") from None
+    except OSError as e:
+        sock.close()
+        import errno
+
+        if e.errno == errno.EADDRINUSE:
+            raise MlxSpeechError(f"cannot listen on {host}:{port}: the port is in use (another "
+                                 "server running? choose another with --port)") from None
+        raise MlxSpeechError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def serve(app, sock) -> None:
+    """Run uvicorn on the socket `bind` made."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
 
 
 def load_server_vad(path: str | None):
@@ -119,29 +149,39 @@ def _run(args) -> None:
         import fastapi  # noqa: F401
         import python_multipart  # noqa: F401  (FastAPI's form parser, for uploads)
         import sphn  # noqa: F401  (Opus)
-        import uvicorn
+        import uvicorn  # noqa: F401
         import websockets  # noqa: F401  (uvicorn's WebSocket protocol)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
-    models = load_models(args.model, args.quantize)
-    vad = None if args.no_vad else load_server_vad(args.vad)
-    diarizer = None
-    if args.diarizer:
-        from ..diarize import load_diarizer
-
-        log(f"loading {args.diarizer}")
-        diarizer = load_diarizer(args.diarizer)
-    app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
-                           max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
-                           max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
-                           batch=not args.no_batch, vad=vad, diarizer=diarizer)
-    shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
-    log(f"the page: http://{shown}:{args.port}/")
+    if len(set(args.model)) != len(args.model):
+        twice = next(m for m in args.model if args.model.count(m) > 1)
+        raise MlxSpeechError(f"--model {twice} is given twice")
+    sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        port = sock.getsockname()[1]
+        models = load_models(args.model, args.quantize)
+        vad = None if args.no_vad else load_server_vad(args.vad)
+        diarizer = None
+        if args.diarizer:
+            from ..diarize import load_diarizer
+
+            log(f"loading {args.diarizer}")
+            diarizer = load_diarizer(args.diarizer)
+        app, engine = make_app(models, api_key=args.api_key,
+                               allowed_origins=args.allowed_origin,
+                               max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+                               max_buffer_s=args.max_buffer_s,
+                               idle_timeout_s=args.idle_timeout_s, batch=not args.no_batch,
+                               vad=vad, diarizer=diarizer)
+        shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
+        log(f"the page: http://{shown}:{port}/")
+        try:
+            serve(app, sock)
+        finally:
+            engine.stop()
     finally:
-        engine.stop()
+        sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,4 +189,4 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(_run, args)
 
 
-__all__ = ["build_parser", "load_models", "load_server_vad", "main", "make_app"]
+__all__ = ["bind", "build_parser", "load_models", "load_server_vad", "main", "make_app", "serve"]

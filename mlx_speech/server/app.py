@@ -7,6 +7,7 @@ import base64
 import hmac
 import io
 import json
+import re
 import secrets
 import time
 
@@ -213,9 +214,9 @@ def create_app(served: Served) -> FastAPI:
                     + form.getlist("timestamp_granularities"))
         data = await f.read(served.max_upload_bytes + 1)
         if len(data) > served.max_upload_bytes:
-            raise _http_error(413, f"the file is over the limit of {served.max_upload_bytes} "
-                              "bytes", "request_too_large")
-        audio = _decode_audio(data, model.sample_rate)
+            raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
+                              f"{served.max_upload_bytes} bytes", "request_too_large", "file")
+        audio = _decode_audio(data, model.sample_rate, f.filename)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         s = served.engine.open_asr(model, model.session, AsyncSink(q, loop),
@@ -349,25 +350,30 @@ def _field(form, name: str) -> str | None:
     return v if isinstance(v, str) and v != "" else None
 
 
-def _decode_audio(data: bytes, rate: int) -> np.ndarray:
+def _decode_audio(data: bytes, rate: int, filename: str | None = None) -> np.ndarray:
+    """The upload's samples; a bad one is a 400 naming the field and the file's name."""
     import soundfile as sf
 
     from ..audio.io import check_audio
     from ..audio.resample import resample
 
+    what = f"the 'file' field ({filename!r})" if filename else "the 'file' field"
     if not data:
-        raise _http_error(400, "the audio file is empty", param="file")
+        raise _http_error(400, f"{what} is empty", "invalid_audio", "file")
     try:
         x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:
-        raise _http_error(400, f"cannot read the audio file: format not supported or corrupt "
-                          f"({e})", "invalid_audio", "file") from None
+        why = re.sub(r"^Error opening\s*:?\s*", "", re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "",
+                                                           str(e)).strip()).strip()
+        raise _http_error(400, f"{what}: cannot read the audio: format not supported or "
+                          f"corrupt" + (f" ({why})" if why else ""), "invalid_audio",
+                          "file") from None
     try:
         x = check_audio(x)
     except MlxSpeechError as e:
-        raise _http_error(400, str(e), "invalid_audio", "file") from None
+        raise _http_error(400, f"{what}: {e}", "invalid_audio", "file") from None
     if x.size == 0:
-        raise _http_error(400, "the audio file has no samples", "invalid_audio", "file")
+        raise _http_error(400, f"{what} has no samples", "invalid_audio", "file")
     return resample(x, sr, rate) if sr != rate else x
 
 
@@ -423,7 +429,7 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
     breaks."""
     from types import SimpleNamespace
 
-    from ..transcribe import pause_break_steps
+    from ..transcript import pause_break_steps
 
     if rate != 16000:
         return []
@@ -463,8 +469,7 @@ def _diarize_request(served: Served, fmt: str, diarize: str | None, stream: bool
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),
                          segments=None):
-    from ..transcribe import segments_from_words
-    from ..writers import format_srt, format_vtt
+    from ..transcript import format_srt, format_vtt, segments_from_words
 
     if fmt == "text":
         return PlainTextResponse(result.text + "\n")

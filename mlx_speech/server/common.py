@@ -14,15 +14,11 @@ KINDS = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duple
 
 
 def model_kind(model) -> str:
-    from ..models.asr import StreamingASR
-
-    if isinstance(model, StreamingASR):
-        return "asr"
-    if hasattr(model, "frame_size") and hasattr(model, "session"):
-        return "duplex"
-    if hasattr(model, "stream") and hasattr(model, "voices"):
-        return "tts"
-    raise ValueError(f"cannot serve a {type(model).__name__}")
+    """The model's own `kind`, when it is one the server serves."""
+    kind = getattr(model, "kind", None)
+    if kind not in KINDS:
+        raise ValueError(f"cannot serve a {type(model).__name__} (kind {kind!r})")
+    return kind
 
 
 class ModelNotFound(Exception):

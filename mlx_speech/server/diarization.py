@@ -33,7 +33,7 @@ def diarizer_steps(diarizer, audio: np.ndarray):
 async def diarize_upload(served, audio: np.ndarray, result, sink_cls) -> object:
     """The upload's diarized transcript (`mlx_speech.diarize.DiarizedTranscript`)."""
     from ..diarize import diarize_result
-    from ..transcribe import segments_from_words
+    from ..transcript import segments_from_words
 
     q: asyncio.Queue = asyncio.Queue()
     served.engine.open_speech(

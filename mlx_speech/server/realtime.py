@@ -492,15 +492,11 @@ class OpenAIConnection(_Connection):
 
     def make_session(self):
         """The ASR session factory for this connection's model and delay (engine thread)."""
-        import inspect
-
         model, delay = self.model, self.delay
         if delay is None:
             return model.session
-        params = inspect.signature(model.session).parameters
-        kw = ({"delay_ms": VOXTRAL_DELAY_MS[delay]} if "delay_ms" in params
-              else {"latency_ms": NEMOTRON_LATENCY_MS[delay]})
-        return lambda: model.session(**kw)
+        ms = (VOXTRAL_DELAY_MS if model.family == "voxtral" else NEMOTRON_LATENCY_MS)[delay]
+        return lambda: model.session(latency_ms=ms)
 
     def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:

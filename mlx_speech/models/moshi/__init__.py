@@ -108,6 +108,8 @@ def keep_high_precision(path: str, module) -> bool:
 class Moshi:
     """A loaded duplex model (LM + Mimi + text tokenizer); sessions share it."""
 
+    kind = "duplex"  # what every front door asks (mlx_speech.registry.KINDS)
+
     def __init__(self, lm: LM, mimi, tokenizer: TextTokenizer, gen_config: GenConfig | None = None,
                  voices: dict[str, Path] | None = None):
         self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer

@@ -10,7 +10,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...converted import is_converted
-from ...errors import CheckpointError
+from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
@@ -39,6 +39,9 @@ def weight_patterns(folder: Path) -> list[str]:
 class NemotronStreaming(StreamingASR):
     """A loaded model; any number of sessions can share it (`feed_many` steps them
     together)."""
+
+    kind = "asr"  # what every front door asks (mlx_speech.registry.KINDS)
+    family = "nemotron"
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
@@ -81,6 +84,14 @@ class NemotronStreaming(StreamingASR):
         The same tokens as a live session in the same latency mode, any chunking.
         """
         return transcribe_with(self.session(latency_ms), audio, sample_rate, progress)
+
+
+def check_latency_ms(latency_ms: int) -> None:
+    """Raise unless `latency_ms` is one of the family's latency modes (80, 160, 560, 1120);
+    callers check before loading a model (a checkpoint may support fewer: its sessions say)."""
+    if latency_ms not in LATENCY_MS:
+        known = ", ".join(str(k) for k in sorted(LATENCY_MS))
+        raise MlxSpeechError(f"Nemotron's latency is one of {known} ms, got {latency_ms}")
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:

@@ -162,6 +162,8 @@ class SileroVAD(nn.Module):
     graph only: the caller evaluates (`mx.eval(probs, *state.arrays())`).
     """
 
+    kind = "vad"  # what every front door asks (mlx_speech.registry.KINDS)
+
     def __init__(self):
         super().__init__()
         self.stft_window = mx.zeros((N_FFT,))  # Silero's STFT basis is this window x the DFT

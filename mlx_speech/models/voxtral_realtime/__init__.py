@@ -10,7 +10,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...converted import is_converted
-from ...errors import CheckpointError
+from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
 from ...text.tekken import Tekken
@@ -37,6 +37,9 @@ class VoxtralRealtime(StreamingASR):
     """A loaded model; any number of sessions can share it (`feed_many` steps them
     together)."""
 
+    kind = "asr"  # what every front door asks (mlx_speech.registry.KINDS)
+    family = "voxtral"
+
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
@@ -46,9 +49,12 @@ class VoxtralRealtime(StreamingASR):
     def sample_rate(self) -> int:
         return self.config.audio.sample_rate
 
-    def session(self, delay_ms: int | None = None) -> Session:
-        """A streaming session: `feed(samples) -> str`, `finish() -> str`."""
-        return Session(self, delay_ms)
+    def session(self, latency_ms: int | None = None, *, delay_ms: int | None = None) -> Session:
+        """A streaming session: `feed(samples) -> str`, `finish() -> str`.
+
+        `latency_ms`: the transcription delay, a multiple of 80 ms (None: the model's default);
+        `delay_ms` is its older name."""
+        return Session(self, _latency(latency_ms, delay_ms))
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
         return batch.feed_batch(self, sessions, audios)
@@ -57,14 +63,31 @@ class VoxtralRealtime(StreamingASR):
         return batch.finish_batch(self, sessions)
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
-                   delay_ms: int | None = None,
-                   progress: Callable[[float, float], None] | None = None) -> Transcript:
+                   latency_ms: int | None = None,
+                   progress: Callable[[float, float], None] | None = None, *,
+                   delay_ms: int | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session with any chunking; `progress(done_s,
         total_s)` is called every few seconds of audio.
         """
-        return transcribe_with(self.session(delay_ms), audio, sample_rate, progress)
+        return transcribe_with(self.session(_latency(latency_ms, delay_ms)), audio,
+                               sample_rate, progress)
+
+
+def check_latency_ms(latency_ms: int) -> None:
+    """Raise unless `latency_ms` is a transcription delay this family takes (a multiple of
+    80 ms up to the maximum); callers check before loading a model."""
+    from .session import delay_tokens
+
+    delay_tokens(latency_ms)
+
+
+def _latency(latency_ms: int | None, delay_ms: int | None) -> int | None:
+    """`latency_ms`, the name both ASR families take, or its alias `delay_ms`."""
+    if latency_ms is not None and delay_ms is not None and latency_ms != delay_ms:
+        raise MlxSpeechError("give latency_ms or delay_ms (its older name), not both")
+    return latency_ms if latency_ms is not None else delay_ms
 
 
 def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:

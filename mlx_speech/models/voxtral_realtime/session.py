@@ -43,6 +43,7 @@ class Session:
         self.owner, self.model, self.tokenizer = owner, owner.model, owner.tokenizer
         a = cfg.audio
         self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
+        self.latency_ms = self.delay_ms  # the name both ASR families' sessions use
         self.n_delay = delay_tokens(self.delay_ms)
         tk = self.tokenizer
         self.bos, self.eos = tk.special_id("<s>"), tk.special_id("</s>")

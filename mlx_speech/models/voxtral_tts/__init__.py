@@ -47,6 +47,8 @@ def default_max_frames(text: str) -> int:
 class VoxtralTTS:
     """A loaded model. `generate` returns one Audio, `stream` yields Audio chunks."""
 
+    kind = "tts"  # what every front door asks (mlx_speech.registry.KINDS)
+
     def __init__(self, model: Model, tokenizer: Tekken, voices: Voices,
                  first_frame: str = "prefill", compile: bool = True):
         if first_frame not in ("prefill", "audio_step"):

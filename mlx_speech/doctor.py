@@ -1,0 +1,273 @@
+"""mlx_speech doctor: one screen about this machine, to read first and paste into a bug report.
+
+    mlx_speech doctor            # MLX and its backend, Python, the models in the Hugging Face
+                                 # cache, free disk, the hub, audio devices, VAD, extras
+    mlx_speech doctor --offline  # no network request (HF_HUB_OFFLINE=1 does the same)
+    mlx_speech doctor --json     # the same rows as JSON
+
+Every row is `name  status  detail`; status is ok, warn, FAIL or n/a (could not check, and why).
+It loads no model and makes at most one network request (the hub, with a short timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from .cliutil import ArgumentParser
+
+OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"
+HUB_TIMEOUT_S = 2.0
+
+Row = tuple[str, str, str]
+
+
+def render(rows: list[Row]) -> str:
+    w = max(len(name) for name, _, _ in rows)
+    return "\n".join(f"{name:<{w}}  {status:<4}  {detail}" for name, status, detail in rows)
+
+
+def human_size(n: float) -> str:
+    from .hub import human_size as h
+
+    return h(n)
+
+
+def python_row() -> Row:
+    from . import __version__
+
+    mac = platform.mac_ver()[0]
+    osname = (f"macOS {mac}" if mac else f"{platform.system()} {platform.release()}")
+    return ("mlx_speech", OK, f"{__version__}, Python {platform.python_version()} "
+            f"({sys.executable}), {osname} {platform.machine()}")
+
+
+def mlx_row() -> Row:
+    """MLX's version and the backend it runs on (Metal, CUDA or CPU), with the GPU's name and
+    memory when MLX says them."""
+    try:
+        import mlx.core as mx
+    except ImportError as e:
+        return ("mlx", FAIL, f"cannot import mlx ({e}): pip install 'mlx-speech[cpu]' on "
+                "Linux without a GPU, 'mlx-speech[cuda]' with one")
+    version = getattr(mx, "__version__", "?")
+    backend = "CPU"
+    try:
+        if mx.metal.is_available():
+            backend = "Metal"
+        elif hasattr(mx, "cuda") and mx.cuda.is_available():
+            backend = "CUDA"
+    except Exception:  # an old MLX without the query
+        pass
+    info = {}
+    try:
+        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+    except Exception:
+        pass
+    name = info.get("device_name") or info.get("name") or ""
+    mem = info.get("memory_size") or info.get("total_memory") or 0
+    detail = f"{version}, {backend}" + (f": {name}" if name else "")
+    if mem and backend != "CPU":
+        detail += f", {human_size(mem)} memory"
+    if backend == "CPU":
+        detail += " (no GPU backend: models run slowly)"
+    return ("mlx", OK if backend != "CPU" else WARN, detail)
+
+
+def _cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _model_type(snapshot: Path) -> str:
+    from .hub import detect_model_type
+    from .registry import KINDS
+
+    try:
+        t = detect_model_type(snapshot)
+    except Exception:
+        return "not a model mlx_speech loads"
+    return f"{t}, {KINDS.get(t, '?')}" if t in KINDS else f"{t}: not supported"
+
+
+def cache_rows() -> tuple[list[Row], list[dict]]:
+    """The models in the Hugging Face cache with their sizes (and what mlx_speech makes of
+    each), then the free disk where the cache lives."""
+    try:
+        from huggingface_hub import scan_cache_dir
+    except ImportError as e:  # pragma: no cover - a core dependency
+        return [("model cache", NA, f"huggingface_hub missing ({e})")], []
+    cache = _cache_dir()
+    rows: list[Row] = []
+    models: list[dict] = []
+    if not cache.is_dir():
+        rows.append(("model cache", OK, f"{cache}: empty (nothing downloaded yet)"))
+    else:
+        try:
+            info = scan_cache_dir(cache)
+        except Exception as e:
+            rows.append(("model cache", WARN, f"{cache}: cannot scan ({e})"))
+        else:
+            repos = sorted((r for r in info.repos if r.repo_type == "model"),
+                           key=lambda r: r.repo_id.lower())
+            rows.append(("model cache", OK, f"{cache}: {len(repos)} models, "
+                         f"{human_size(sum(r.size_on_disk for r in repos))}"))
+            for r in repos:
+                revs = sorted(r.revisions, key=lambda v: v.last_modified, reverse=True)
+                kind = _model_type(Path(revs[0].snapshot_path)) if revs else "no snapshot"
+                models.append({"repo": r.repo_id, "bytes": r.size_on_disk, "type": kind})
+                rows.append(("  " + r.repo_id, OK, f"{human_size(r.size_on_disk)} ({kind})"))
+    where = cache
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+        rows.append(("free disk", OK if free > 10e9 else WARN,
+                     f"{human_size(free)} at {where}" + ("" if free > 10e9 else
+                                                         " (the 4B models need ~9 GB each)")))
+    except OSError as e:
+        rows.append(("free disk", NA, f"cannot check {where}: {e.strerror or e}"))
+    return rows, models
+
+
+def hub_row(offline: bool, timeout: float = HUB_TIMEOUT_S) -> Row:
+    from .hub import offline as hub_offline
+
+    if offline or hub_offline():
+        why = "--offline" if offline else "HF_HUB_OFFLINE is set"
+        return ("hub", NA, f"not checked ({why})")
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    url = constants.ENDPOINT.rstrip("/") + "/api/models?limit=1"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                    timeout=timeout) as r:
+            return ("hub", OK, f"{constants.ENDPOINT} answers (HTTP {r.status})")
+    except urllib.error.HTTPError as e:
+        return ("hub", WARN, f"{constants.ENDPOINT} answers HTTP {e.code}")
+    except Exception as e:
+        why = getattr(e, "reason", None) or e
+        return ("hub", WARN, f"{constants.ENDPOINT} unreachable in {timeout:.0f} s ({why}): "
+                "downloads will fail; models already in the cache load with HF_HUB_OFFLINE=1")
+
+
+def audio_rows() -> list[Row]:
+    from .audio.devices import _sounddevice
+    from .errors import DeviceError
+
+    try:
+        sd = _sounddevice()
+    except DeviceError as e:
+        return [("audio", NA, f"not checked: {e} (audio files still work)")]
+    rows = []
+    for kind, label in (("input", "microphone"), ("output", "speaker")):
+        try:
+            d = sd.query_devices(kind=kind)
+            n = sum(1 for x in sd.query_devices() if x[f"max_{kind}_channels"] > 0)
+            rows.append((label, OK, f"{d['name']} (default; {n} {kind} devices)"))
+        except Exception:
+            rows.append((label, WARN, f"no audio {kind} device"))
+    return rows
+
+
+def vad_row() -> Row:
+    try:
+        from .models.silero_vad import _find
+
+        p = _find(None)
+    except Exception as e:
+        return ("vad", WARN, f"no Silero VAD weights: {str(e).splitlines()[0]}")
+    return ("vad", OK, f"Silero VAD weights: {p}")
+
+
+def extras_row() -> Row:
+    """Which of the package's extras have all their packages installed."""
+    import re
+
+    try:
+        reqs = metadata.requires("mlx-speech") or []
+    except metadata.PackageNotFoundError:
+        return ("extras", NA, "mlx-speech is not installed as a package (a source checkout): "
+                "cannot tell which extras are there")
+    extras: dict[str, list[str]] = {}
+    for req in reqs:
+        m = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        if not m:
+            continue
+        name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
+        if name == "mlx" and (b := re.match(r"mlx\[(\w+)\]", req)):  # its backend's wheel
+            e = b.group(1)
+            name = "mlx-cpu" if e == "cpu" else f"mlx-cuda-{e[4:]}" if e[4:] else "mlx-cuda"
+        marker = req.split(";", 1)[1] if ";" in req else ""
+        if "sys_platform" in marker and f"'{sys.platform}'" not in marker and \
+                f'"{sys.platform}"' not in marker:
+            continue  # a package this platform does not need
+        extras.setdefault(m.group(1), []).append(name)
+    have, missing = [], []
+    for extra, pkgs in sorted(extras.items()):
+        if extra in ("dev", "reference"):
+            continue
+        absent = [p for p in pkgs if not _installed(p)]
+        if absent:
+            missing.append(f"{extra} (needs {', '.join(absent)})")
+        else:
+            have.append(extra)
+    detail = f"installed: {', '.join(have) or 'none'}"
+    if missing:
+        detail += f"; not: {'; '.join(missing)}"
+    return ("extras", OK, detail)
+
+
+def _installed(dist: str) -> bool:
+    if dist == "mlx-speech":
+        return True
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def collect(offline: bool = False) -> tuple[list[Row], dict]:
+    rows: list[Row] = [python_row(), mlx_row()]
+    cache, models = cache_rows()
+    rows += cache
+    rows.append(hub_row(offline))
+    rows += audio_rows()
+    rows.append(vad_row())
+    rows.append(extras_row())
+    return rows, {"models": models}
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="mlx_speech doctor", description=__doc__)
+    p.add_argument("--offline", action="store_true", help="make no network request")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rows, extra = collect(offline=args.offline)
+    unchecked = [name.strip() for name, status, _ in rows if status == NA]
+    if args.json:
+        print(json.dumps({"rows": [{"name": n.strip(), "status": s, "detail": d}
+                                   for n, s, d in rows], **extra, "not_checked": unchecked},
+                         indent=2))
+    else:
+        print(render(rows))
+        if unchecked:
+            print(f"\nnot checked: {', '.join(unchecked)} (see each row for why)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
