@@ -15,6 +15,7 @@ from ..errors import CheckpointError, MlxSpeechError
 from ..nn import quant
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
+DEFAULT_BOOST = 1.0  # phrase boosting weight (NeMo's boosting-tree alpha)
 
 
 @dataclass
@@ -81,6 +82,29 @@ def group_words(items) -> list[Word]:
         end, pinned = t1, pinned and not buf.strip()
     close()
     return words
+
+
+def make_booster(owner, hotwords, boost: float, vocab: int,
+                 tokenizations: Callable[[str], list[list[int]]],
+                 transparent: Callable[[int], bool] | None = None):
+    """A session's phrase-boosting walk (None: no phrases or boost 0). The graph of a phrase
+    list is built once per model (`owner._graphs`) and shared by its sessions."""
+    from ..text import context_graph as cg
+
+    phrases, alpha = cg.parse_hotwords(hotwords), cg.check_boost(boost)
+    if not phrases or alpha == 0:
+        return None
+    cache = owner.__dict__.setdefault("_graphs", cg.GraphCache())
+
+    def build() -> cg.ContextGraph:
+        seqs = []
+        for p in phrases:
+            for ids in tokenizations(p):
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return cg.ContextGraph(seqs, vocab)
+
+    return cg.Booster(cache.get(tuple(phrases), build), alpha, transparent)
 
 
 class StreamingASR:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...text.spm import StreamingDecoder
 from .. import asr
-from ..asr import Word, drain_cut, group_words
+from ..asr import DEFAULT_BOOST, Word, drain_cut, group_words
 from .config import FRAME_MS
 from .features import StreamingNemoLogMel
 
@@ -37,8 +37,10 @@ class Session:
     the predictor all carry exact state. Work per chunk is bounded.
     """
 
-    def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None):
+    def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None,
+                 hotwords=None, boost: float = DEFAULT_BOOST):
         self.owner, self.model = owner, owner.model
+        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
         cfg = owner.config
         self.right_context = cfg.right_context(latency_ms)
         self.latency_ms = (self.right_context + 1) * FRAME_MS
