@@ -16,6 +16,7 @@ from mlx_speech.errors import MlxSpeechError
 from mlx_speech.nn import boost
 from mlx_speech.text.context_graph import Booster, ContextGraph, parse_hotwords
 from mlx_speech.text.spm import SentencePieceDecoder
+from tests.conftest import speechlike
 
 GOLDEN = Path(__file__).parent / "golden"
 B = np.load(GOLDEN / "boosting" / "golden.npz")
@@ -156,3 +157,63 @@ def test_hotword_lists_are_checked():
         check_boost("nan")
     with pytest.raises(MlxSpeechError):
         check_boost(-1)
+
+
+# -- Voxtral -----------------------------------------------------------------------------
+
+
+def _record(monkeypatch):
+    """Every boosted greedy choice Voxtral makes: (logits, chosen) per row."""
+    seen = []
+    real = boost.greedy
+
+    def spy(logits, b):
+        out = real(logits, b)
+        if b is not None:
+            seen.append((np.array(logits.astype(mx.float32)), np.array(out)))
+        return out
+
+    monkeypatch.setattr(boost, "greedy", spy)
+    return seen
+
+
+def test_voxtral_empty_list_changes_nothing(vr_model):
+
+    a = speechlike(2.0)
+    plain = vr_model.transcribe(a).token_ids
+    for hw, b in [([], 3.0), (None, 3.0), ([">"], 0.0)]:
+        assert vr_model.transcribe(a, hotwords=hw, boost=b).token_ids == plain
+
+
+def test_voxtral_boosted_choice_is_the_full_boosting_tree_score(vr_model, monkeypatch):
+
+    a = speechlike(2.0)
+    plain = vr_model.transcribe(a).token_ids
+    seen = _record(monkeypatch)
+    s = vr_model.session(hotwords=[">", "0K"], boost=3.0)
+    s.feed(a)
+    s.finish()
+    got = s.result().token_ids
+    assert got != plain and got.count(1062) > plain.count(1062)  # the phrase wins near-ties
+    # replay: each choice is argmax(model logits + alpha * NeMo-style score of the state)
+    g, walk = s.booster.graph, 0
+    chosen = [int(c[0]) for _, c in seen]
+    assert chosen == got[: len(chosen)] and len(chosen) >= len(got) - 1
+    for (logits, _), tok in zip(seen, chosen, strict=True):
+        assert int(np.argmax(logits[0] + 3.0 * g.scores(walk))) == tok
+        if not vr_model.tokenizer.is_special(tok):
+            walk = g.step(walk, tok)
+
+
+def test_voxtral_batched_equals_alone_with_different_lists(vr_model):
+
+    a = speechlike(2.0)
+    lists = [([">"], 3.0), (None, 1.0), (["0K", "!"], 2.0)]
+    alone = [vr_model.transcribe(a, hotwords=h, boost=b).token_ids for h, b in lists]
+    sessions = [vr_model.session(hotwords=h, boost=b) for h, b in lists]
+    step = 16000 // 4
+    for i in range(0, len(a), step):
+        vr_model.feed_many([(s, a[i: i + step]) for s in sessions])
+    vr_model.finish_many(sessions)
+    assert [s.result().token_ids for s in sessions] == alone
+    assert alone[0] != alone[1]

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...nn import ConvCache, RingBatch, stack_rows
+from ...nn import boost as _boost
 from .config import MEL_PER_TOKEN
 from .model import EncoderState
 
@@ -86,6 +87,19 @@ def _read(rows: list[Session]) -> list[int]:
     return out
 
 
+def _read_emit(rows: list[Session], out: dict[int, list[str]]) -> None:
+    unread = [s for s in rows if s._unread is not None]
+    for s, tok in zip(unread, _read(unread), strict=True):
+        out[id(s)].append(s._emit(tok))
+        s._unread = None
+
+
+def _bias(rows: list[Session], h: mx.array) -> mx.array | None:
+    """Each row's phrase-boosting bias (None: no row boosts)."""
+    return _boost.bias([s.booster for s in rows], rows[0].owner.config.decoder.vocab_size,
+                       h.dtype)
+
+
 def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -> list[str]:
     """Feed every position < min(limit, positions with audio) of each session, in
     batched steps; returns each session's new text."""
@@ -101,7 +115,7 @@ def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -
         caches = [RingBatch.gather([s.dec_cache[j] for s in g]) for j in range(len(m.layers))]
         h = m.hidden(mx.array([s.prompt for s in g]), x, _scales(owner, g), caches)
         # only the last prompt position needs the (vocab-sized) head
-        last = mx.argmax(m.logits(h[:, -1]), axis=-1)
+        last = _boost.greedy(m.logits(h[:, -1]), _bias(g, h))
         mx.async_eval(last)
         for i, s in enumerate(g):
             s._last = s._unread = (last, i)
@@ -116,11 +130,14 @@ def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -
         a = a[0] if len(a) == 1 else mx.concatenate(a)
         caches = [RingBatch.gather([s.dec_cache[j] for s in rows]) for j in range(len(m.layers))]
         h = m.hidden(tokens[:, None], a, _scales(owner, rows), caches)
-        nxt = mx.argmax(m.logits(h[:, -1]), axis=-1)
+        logits = m.logits(h[:, -1])
+        boosted = any(s.booster for s in rows)
+        if boosted:  # the phrase bias needs step p's tokens: read them first
+            mx.async_eval(logits)
+            _read_emit(rows, out)
+        nxt = _boost.greedy(logits, _bias(rows, h) if boosted else None)
         mx.async_eval(nxt)  # step p+1 runs while step p's tokens are read
-        unread = [s for s in rows if s._unread is not None]
-        for s, tok in zip(unread, _read(unread), strict=True):
-            out[id(s)].append(s._emit(tok))
+        _read_emit(rows, out)
         for i, s in enumerate(rows):
             s.position += 1
             s._last = s._unread = (nxt, i)

@@ -10,7 +10,7 @@ import numpy as np
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
-from ..asr import Transcript, Word, drain_cut, group_words
+from ..asr import DEFAULT_BOOST, Transcript, Word, drain_cut, group_words
 from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
 
 if TYPE_CHECKING:
@@ -38,8 +38,10 @@ class Session:
     chunk is bounded (ring KV caches, conv tails, consumed audio dropped).
     """
 
-    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None):
+    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None, hotwords=None,
+                 boost: float = DEFAULT_BOOST):
         cfg = owner.config
+        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
         self.owner, self.model, self.tokenizer = owner, owner.model, owner.tokenizer
         a = cfg.audio
         self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
@@ -109,6 +111,8 @@ class Session:
     # -- text side ----------------------------------------------------------
     def _emit(self, tok: int) -> str:
         self.token_ids.append(tok)
+        if self.booster is not None:
+            self.booster.advance(tok)
         if tok == self.eos:
             self.done = True
             return ""
