@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import DEFAULT_ASR_MODEL
+from . import DEFAULT_ASR_MODEL, hotwords
 from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 
@@ -98,7 +98,7 @@ def transcribe_file(model, path: str, args) -> str:
     bar, update = _progress_bar(total)
     try:
         result = model.transcribe(audio, model.sample_rate, progress=update,
-                                  **_mode(model, args))
+                                  **_mode(model, args), **hotwords.from_args(args))
     finally:
         if bar is not None:
             bar.close()
@@ -252,7 +252,7 @@ def live(model, args) -> None:
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
-    mode = _mode(model, args)
+    mode = {**_mode(model, args), **hotwords.from_args(args)}
     vad = load_live_vad(args)
 
     def write(text: str) -> None:
@@ -311,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Voxtral: transcription delay, a multiple of 80 ms (default: the model's)")
     p.add_argument("--latency-ms", type=int, default=None, choices=(80, 160, 560, 1120),
                    help="Nemotron: streaming latency mode (default: the model's)")
+    hotwords.add_arguments(p)
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
@@ -329,6 +330,7 @@ def _run(args) -> None:
         from .models.voxtral_realtime.session import delay_tokens
 
         delay_tokens(args.delay_ms)  # fail before loading a big model
+    hotwords.from_args(args)  # fail before loading a model
     for f in args.files:
         if not Path(f).exists():
             raise MlxSpeechError(f"no such file: {f}")

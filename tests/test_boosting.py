@@ -217,3 +217,33 @@ def test_voxtral_batched_equals_alone_with_different_lists(vr_model):
     vr_model.finish_many(sessions)
     assert [s.result().token_ids for s in sessions] == alone
     assert alone[0] != alone[1]
+
+
+# -- CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_hotwords_boost_and_file(vr_dir, vr_model, tmp_path):
+    import soundfile as sf
+
+    from tests.test_cli import run
+
+    a = speechlike(2.0)
+    wav = tmp_path / "a.wav"
+    sf.write(wav, a, 16000)
+    boosted = vr_model.transcribe(str(wav), hotwords=[">", "0K"], boost=3.0)
+    plain = vr_model.transcribe(str(wav))
+    assert boosted.text != plain.text
+    (tmp_path / "words.txt").write_text("# my words\n>\n0K  # a code\n\n")
+    for extra in (["--hotwords", ">,0K", "--boost", "3"],
+                  ["--hotwords-file", str(tmp_path / "words.txt"), "--boost", "3"]):
+        r = run("mlx_speech.transcribe", str(wav), "--model", str(vr_dir), *extra)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == boosted.text + "\n"
+    r = run("mlx_speech.transcribe", str(wav), "--model", str(vr_dir), "--hotwords", ">,0K",
+            "--boost", "0")
+    assert r.returncode == 0 and r.stdout == plain.text + "\n"
+    for extra, needle in ((["--boost", "2"], "--boost needs"),
+                          (["--hotwords", "x", "--boost", "nan"], "boost must be"),
+                          (["--hotwords-file", str(tmp_path / "none.txt")], "cannot read")):
+        r = run("mlx_speech.transcribe", str(wav), "--model", str(vr_dir), *extra)
+        assert r.returncode == 1 and needle in r.stderr and "Traceback" not in r.stderr

@@ -13,9 +13,9 @@ from mlx.utils import tree_flatten
 from ..audio.io import check_audio, load_audio
 from ..errors import CheckpointError, MlxSpeechError
 from ..nn import quant
+from ..text.context_graph import DEFAULT_BOOST  # noqa: F401 (re-exported to the models)
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
-DEFAULT_BOOST = 1.0  # phrase boosting weight (NeMo's boosting-tree alpha)
 
 
 @dataclass

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import MlxSpeechError
 
+DEFAULT_BOOST = 1.0  # the weight of the graph's scores on the logits (NeMo's alpha)
 CONTEXT_SCORE = 1.0  # NeMo's BoostingTreeModelConfig defaults (RNN-T / TDT / CTC)
 DEPTH_SCALING = 2.0
 MAX_PHRASES = 10000
