@@ -217,7 +217,14 @@ def create_app(served: Served) -> FastAPI:
         audio = _decode_audio(data, model.sample_rate)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        s = served.engine.open_asr(model, model.session, AsyncSink(q, loop),
+        from .vocabulary import request_vocabulary, session_factory
+
+        try:
+            hw = ",".join(form.getlist("hotwords") + form.getlist("hotwords[]")) or None
+            vocab = request_vocabulary(hw, _field(form, "prompt"), _field(form, "boost"))
+        except MlxSpeechError as e:
+            raise _http_error(400, str(e), param="hotwords") from None
+        s = served.engine.open_asr(model, session_factory(model, vocab), AsyncSink(q, loop),
                                    max_samples=len(audio))
         try:
             s.push(audio)

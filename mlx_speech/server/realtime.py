@@ -29,8 +29,10 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
+from ..errors import MlxSpeechError
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
+from .vocabulary import request_vocabulary, session_factory
 
 VLLM_RATE = 16000
 OPENAI_RATE = 24000
@@ -61,12 +63,13 @@ class _Connection:
         self.texts: dict[str, TextDeltas] = {}
         self.model_id: str | None = None
         self.model = None
+        self.vocab: dict = {}  # phrase boosting of the next sessions (server/vocabulary.py)
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
 
     def open_stream(self, item: str):
-        s = self.engine.open_asr(self.model, self.model.session,
+        s = self.engine.open_asr(self.model, session_factory(self.model, self.vocab),
                                  AsyncSink(self.out, self.loop, item))
         self.streams[item] = s
         self.texts[item] = TextDeltas()
@@ -168,6 +171,13 @@ class VllmConnection(_Connection):
                 self.model_id, self.model = self.served.find(event.get("model"), "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
+                return
+            try:  # extension: hotwords / boost for the next utterances
+                if "hotwords" in event or "boost" in event:
+                    self.vocab = request_vocabulary(event.get("hotwords"), None,
+                                                    event.get("boost"))
+            except MlxSpeechError as e:
+                self.error("invalid_value", str(e))
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -286,6 +296,8 @@ class OpenAIConnection(_Connection):
         tr = {"model": self.model_id}
         if self.delay is not None:
             tr["delay"] = self.delay
+        if self.vocab:
+            tr["hotwords"], tr["boost"] = self.vocab["hotwords"], self.vocab["boost"]
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
@@ -422,6 +434,14 @@ class OpenAIConnection(_Connection):
                            "turning turn detection on", eid)
                 return
         tr = inp.get("transcription") or {}
+        vocab = self.vocab
+        if any(k in tr for k in ("hotwords", "boost", "prompt")):
+            try:  # hotwords / boost: an extension; prompt: OpenAI's, read as phrases
+                vocab = request_vocabulary(tr.get("hotwords"), tr.get("prompt"),
+                                           tr.get("boost"))
+            except MlxSpeechError as e:
+                self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
+                return
         delay = tr.get("delay", self.delay)
         if delay is not None and delay not in VOXTRAL_DELAY_MS:
             self.error("invalid_value", f"transcription.delay must be one of "
@@ -440,6 +460,7 @@ class OpenAIConnection(_Connection):
                        "with turn detection on", eid)
             return
         self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
+        self.vocab = vocab  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
                 self.turns.close()
@@ -457,11 +478,11 @@ class OpenAIConnection(_Connection):
 
         model, delay = self.model, self.delay
         if delay is None:
-            return model.session
+            return lambda: session_factory(model, self.vocab)()
         params = inspect.signature(model.session).parameters
         kw = ({"delay_ms": VOXTRAL_DELAY_MS[delay]} if "delay_ms" in params
               else {"latency_ms": NEMOTRON_LATENCY_MS[delay]})
-        return lambda: model.session(**kw)
+        return lambda: session_factory(model, self.vocab, **kw)()
 
     def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:

@@ -1,0 +1,135 @@
+"""Phrase boosting through the server: REST `hotwords` / `prompt` / `boost`, realtime
+`session.update` in both dialects (the openai SDK and a raw websockets client); every answer
+equals the library call with the same phrases."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+websockets = pytest.importorskip("websockets")
+
+import httpx  # noqa: E402
+
+import mlx_speech  # noqa: E402
+from mlx_speech.server.vocabulary import prompt_phrases  # noqa: E402
+from tests.test_server import KEY, ServerThread, pcm16, wav_bytes  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden"
+PHRASES, BOOST = ["quick brown", "time"], 2.0  # the NeMo golden's case: it changes the text
+
+
+@pytest.fixture(scope="module")
+def nm():
+    return mlx_speech.load(GOLDEN / "nemotron")
+
+
+@pytest.fixture(scope="module")
+def srv(nm):
+    with ServerThread({"nm": nm}, api_key=KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def audio():
+    x = np.load(GOLDEN / "nemotron" / "golden.npz")["audio"]
+    return pcm16(x).astype(np.float32) / 32768  # what every client below sends
+
+
+def test_prompt_rule():
+    assert prompt_phrases("Kubernetes, LinTO, mlx speech") == ["Kubernetes", "LinTO",
+                                                                "mlx speech"]
+    assert prompt_phrases("Kubernetes") == ["Kubernetes"]
+    assert prompt_phrases("The following is a talk about Kubernetes.") == []
+    assert prompt_phrases("Hi there. We discuss k8s, helm and more today with friends") == []
+    assert prompt_phrases("") == [] and prompt_phrases(None) == []
+
+
+def test_rest_hotwords_prompt_and_boost(srv, nm, audio):
+    boosted = nm.transcribe(audio, hotwords=PHRASES, boost=BOOST).text
+    plain = nm.transcribe(audio).text
+    assert boosted != plain
+
+    def post(**data):
+        r = httpx.post(srv.base + "/v1/audio/transcriptions",
+                       headers={"Authorization": f"Bearer {KEY}"},
+                       files={"file": ("a.wav", wav_bytes(audio))},
+                       data={"model": "nm", **data}, timeout=60)
+        return r
+
+    assert post(hotwords=",".join(PHRASES), boost=str(BOOST)).json()["text"] == boosted
+    assert post(prompt="quick brown, time", boost=str(BOOST)).json()["text"] == boosted
+    assert post(prompt="A story about a quick brown fox.", boost="2").json()["text"] == plain
+    assert post(hotwords="quick brown", boost="0").json()["text"] == plain
+    assert post().json()["text"] == plain
+    r = post(hotwords="x", boost="lots")
+    assert r.status_code == 400 and "boost must be" in r.json()["error"]["message"]
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    t = client.audio.transcriptions.create(model="nm", file=("a.wav", wav_bytes(audio)),
+                                           prompt="quick brown, time",
+                                           extra_body={"boost": BOOST})
+    assert t.text == boosted
+
+
+async def _openai(srv, pcm, transcription):
+    c = openai.AsyncOpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    async with c.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000},
+            "transcription": transcription, "turn_detection": None}}})
+        b = pcm.tobytes()
+        for i in range(0, len(b), 4800):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(b[i:i + 4800]).decode())
+        await conn.input_audio_buffer.commit()
+        async for ev in conn:
+            assert ev.type != "error", ev
+            if ev.type == "session.updated":
+                tr = ev.session.audio.input.transcription
+                echoed = (tr.model_extra or {}).get("hotwords")
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                return ev.transcript, echoed
+
+
+async def _vllm(srv, pcm16k, update):
+    async with websockets.connect(srv.ws + "/v1/realtime",
+                                  additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "model": "nm", **update}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        b = pcm16k.tobytes()
+        for i in range(0, len(b), 8000):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(b[i:i + 8000]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        while True:
+            ev = json.loads(await ws.recv())
+            assert ev["type"] != "error", ev
+            if ev["type"] == "transcription.done":
+                return ev["text"]
+
+
+def test_realtime_session_update_both_dialects(srv, nm, audio):
+    pcm = pcm16(audio)
+    boosted = nm.transcribe(audio, hotwords=PHRASES, boost=BOOST).text
+    plain = nm.transcribe(audio).text
+    assert boosted != plain
+
+    def go(coro):
+        return asyncio.run(asyncio.wait_for(coro, 120))
+
+    text, echoed = go(_openai(srv, pcm, {"model": "nm", "hotwords": PHRASES, "boost": BOOST}))
+    assert text == boosted and echoed == PHRASES
+    text, _ = go(_openai(srv, pcm, {"model": "nm", "prompt": "quick brown, time",
+                                    "boost": BOOST}))
+    assert text == boosted
+    assert go(_openai(srv, pcm, {"model": "nm"}))[0] == plain
+    assert go(_vllm(srv, pcm, {"hotwords": PHRASES, "boost": BOOST})) == boosted
+    assert go(_vllm(srv, pcm, {})) == plain
