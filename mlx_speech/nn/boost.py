@@ -45,7 +45,9 @@ def bias(rows: list[Booster | None], vocab: int, dtype: mx.Dtype = mx.float32
             continue
         roots.append(_root(b, vocab, dtype))
         idx[i], val[i] = b.sparse(width)
-    out = mx.stack(roots)
+    out = roots[0][None] if len(roots) == 1 else mx.stack(roots)
+    if not val.any():  # every row at the root (most steps): the dense part alone
+        return out
     r = mx.arange(len(rows))[:, None]
     return out.at[r, mx.array(idx)].add(mx.array(val).astype(dtype))
 
