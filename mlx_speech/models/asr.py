@@ -31,6 +31,8 @@ class Transcript:
     token_ids: list[int]
     words: list[Word] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # start (s) of each token
+    # the model's log-probability of each token (sessions made with logprobs=True), else None
+    logprobs: list[float] | None = None
 
 
 DRAIN_HOLD_MAX = 256  # tokens `drain` may hold back for a word that could still grow
@@ -105,6 +107,39 @@ def make_booster(owner, hotwords, boost: float, vocab: int,
         return cg.ContextGraph(seqs, vocab)
 
     return cg.Booster(cache.get(tuple(phrases), build), alpha, transparent)
+
+
+class TokenLogprobs:
+    """What a session made with `logprobs=True` keeps: each token's log-probability beside
+    token_ids, and the (id, logprob) pairs not taken yet (`take`, for streamed deltas).
+    Sessions without it hold None and do no extra work."""
+
+    def __init__(self):
+        self.values: list[float] = []  # parallel to the session's token_ids
+        self.new: list[tuple[int, float]] = []
+
+    def add(self, tok: int, lp: float) -> None:
+        self.values.append(lp)
+        self.new.append((tok, lp))
+
+    def take(self) -> list[tuple[int, float]]:
+        out, self.new = self.new, []
+        return out
+
+
+def logprob_items(tokenizer, pairs) -> list[dict]:
+    """OpenAI's logprobs entries: {token, logprob, bytes} per (id, logprob)."""
+    out = []
+    for tok, lp in pairs:
+        b = tokenizer.token_bytes(tok) if not _special(tokenizer, tok) else b""
+        out.append({"token": b.decode("utf-8", "replace"), "logprob": float(lp),
+                    "bytes": list(b)})
+    return out
+
+
+def _special(tokenizer, tok: int) -> bool:
+    f = getattr(tokenizer, "is_special", None)
+    return bool(f and f(tok))
 
 
 class StreamingASR:

@@ -68,3 +68,10 @@ def greedy_transducer(logits: mx.array, b: mx.array | None, blank: int) -> mx.ar
         return raw
     nb = greedy(logits[..., :blank], b[:, :blank])
     return mx.where(raw == blank, raw, nb)
+
+
+def chosen_logprob(logits: mx.array, chosen: mx.array) -> mx.array:
+    """log-softmax(logits) at the chosen ids (chosen: logits' shape without the last axis)."""
+    lse = mx.logsumexp(logits.astype(mx.float32), axis=-1)
+    pick = mx.take_along_axis(logits, chosen[..., None], axis=-1)[..., 0]
+    return pick.astype(mx.float32) - lse

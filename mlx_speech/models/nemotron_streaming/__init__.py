@@ -51,14 +51,15 @@ class NemotronStreaming(StreamingASR):
         return SAMPLE_RATE
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST) -> Session:
+                boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
         `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
-        `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off).
+        `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off). `logprobs`: keep
+        each token's log-probability (`result().logprobs`, `lp.take()`).
         """
-        return Session(self, latency_ms, hotwords, boost)
+        return Session(self, latency_ms, hotwords, boost, logprobs)
 
     def booster(self, hotwords, boost: float = DEFAULT_BOOST):
         """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
@@ -84,13 +85,14 @@ class NemotronStreaming(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST) -> Transcript:
+                   hotwords=None, boost: float = DEFAULT_BOOST,
+                   logprobs: bool = False) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session in the same latency mode, any chunking.
         """
-        return transcribe_with(self.session(latency_ms, hotwords, boost), audio, sample_rate,
-                               progress)
+        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs), audio,
+                               sample_rate, progress)
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:

@@ -144,6 +144,7 @@ def _split_decoder(b: DecoderState, states: list[DecoderState]) -> list[DecoderS
 
 
 def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=None,
+                  logprobs: list[list[float]] | None = None,
                   ) -> tuple[list[list[int]], list[list[int]], DecoderState]:
     """Frame-synchronous RNN-T greedy over projected encoder frames (B, T, dim).
 
@@ -153,6 +154,8 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
     so blank runs cost no extra syncs and syncs scale with tokens, not frames.
     `boosters`: per row a phrase-boosting walk or None (NeMo's GPU-PB fusion: the bias
     of the row's graph state moves the non-blank choice; advanced with each emission).
+    `logprobs`: per row a list that gets each emitted token's log-probability (the joint's
+    log-softmax, blank included), read with the tokens (no extra sync); None: not computed.
     Returns per row (tokens, frame index of each) and the new state.
     """
     c = model.config
@@ -166,7 +169,12 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
         t0 = int(t.min())
         bias = _boost.bias(boosters, blank) if boosters else None
         logits = model.joint(frames[:, t0:], state.g[:, None])
-        ks = np.array(_boost.greedy_transducer(logits, bias, blank))
+        ks = _boost.greedy_transducer(logits, bias, blank)
+        if logprobs is not None:
+            lp = _boost.chosen_logprob(logits, ks)
+            mx.eval(ks, lp)
+            lp = np.array(lp)
+        ks = np.array(ks)
         emit = np.full(B, blank, np.int64)
         for b in range(B):
             if t[b] >= T:
@@ -184,6 +192,8 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
             where[b].append(int(f))
             if boosters and boosters[b] is not None:
                 boosters[b].advance(int(emit[b]))
+            if logprobs is not None:
+                logprobs[b].append(float(lp[b, f - t0]))
             n[b] += 1
         on = emit != blank
         if not on.any():
@@ -217,13 +227,17 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
         return [""] * n
     dec_in = [s.dec_state for s in group] + [group[0].dec_state] * pad
     boosters = [s.booster for s in group] + [copy.copy(group[0].booster)] * pad
+    lps = [[] for _ in range(n + pad)] if any(s.lp is not None for s in group) else None
     toks, where, dec = greedy_decode(m, x, _stack_decoder(dec_in),
-                                     boosters if any(boosters) else None)
+                                     boosters if any(boosters) else None, lps)
     toks, where = toks[:n], where[:n]
     out = []
     for s, tk, wh, d in zip(group, toks, where, _split_decoder(dec, [s.dec_state for s in group]),
                             strict=True):
         s.dec_state = d
+        if s.lp is not None:
+            for k, v in zip(tk, lps[len(out)], strict=True):
+                s.lp.add(k, v)
         s.token_ids += tk
         s.frames += [s.n_frames + w for w in wh]
         s.n_frames += x.shape[1]

@@ -55,12 +55,13 @@ class VoxtralRealtime(StreamingASR):
         return self.config.audio.sample_rate
 
     def session(self, delay_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST) -> Session:
+                boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
-        `boost` (a context graph over their Tekken ids; 0: off)."""
-        return Session(self, delay_ms, hotwords, boost)
+        `boost` (a context graph over their Tekken ids; 0: off). `logprobs`: keep each
+        token's log-probability (`result().logprobs`, `lp.take()`)."""
+        return Session(self, delay_ms, hotwords, boost, logprobs)
 
     def booster(self, hotwords, boost: float = DEFAULT_BOOST):
         """A phrase-boosting walk over each phrase's Tekken ids after a space and at the
@@ -78,14 +79,15 @@ class VoxtralRealtime(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    delay_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST) -> Transcript:
+                   hotwords=None, boost: float = DEFAULT_BOOST,
+                   logprobs: bool = False) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session with any chunking; `progress(done_s,
         total_s)` is called every few seconds of audio.
         """
-        return transcribe_with(self.session(delay_ms, hotwords, boost), audio, sample_rate,
-                               progress)
+        return transcribe_with(self.session(delay_ms, hotwords, boost, logprobs), audio,
+                               sample_rate, progress)
 
 
 def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
