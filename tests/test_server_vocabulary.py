@@ -133,3 +133,96 @@ def test_realtime_session_update_both_dialects(srv, nm, audio):
     assert go(_openai(srv, pcm, {"model": "nm"}))[0] == plain
     assert go(_vllm(srv, pcm, {"hotwords": PHRASES, "boost": BOOST})) == boosted
     assert go(_vllm(srv, pcm, {})) == plain
+
+
+# -- logprobs and word times ---------------------------------------------------------------
+
+
+async def _openai_events(srv, pcm, session_extra):
+    c = openai.AsyncOpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    async with c.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await conn.session.update(session={"type": "transcription", **session_extra,
+                                           "audio": {"input": {
+                                               "format": {"type": "audio/pcm", "rate": 16000},
+                                               "transcription": {"model": "nm"},
+                                               "turn_detection": None}}})
+        b = pcm.tobytes()
+        for i in range(0, len(b), 3200):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(b[i:i + 3200]).decode())
+        await conn.input_audio_buffer.commit()
+        deltas = []
+        async for ev in conn:
+            assert ev.type != "error", ev
+            if ev.type == "conversation.item.input_audio_transcription.delta":
+                deltas.append(ev)
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                return deltas, ev
+
+
+def test_realtime_logprobs_and_words_openai_sdk(srv, nm, audio):
+    from mlx_speech.server.vocabulary import words_field
+
+    pcm = pcm16(audio)
+    ref = nm.transcribe(audio, logprobs=True)
+    deltas, done = asyncio.run(asyncio.wait_for(_openai_events(
+        srv, pcm, {"include": ["item.input_audio_transcription.logprobs"]}), 120))
+    streamed = [lp for d in deltas for lp in (d.logprobs or [])]
+    assert len(streamed) == len(ref.token_ids) and len(deltas) > 2
+    np.testing.assert_allclose([lp.logprob for lp in streamed], ref.logprobs, atol=1e-5)
+    assert [bytes(lp.bytes) for lp in streamed] == [nm.tokenizer.token_bytes(t)
+                                                     for t in ref.token_ids]
+    assert "".join(lp.token for lp in done.logprobs) == "".join(
+        nm.tokenizer.token_bytes(t).decode() for t in ref.token_ids)
+    np.testing.assert_allclose([lp.logprob for lp in done.logprobs], ref.logprobs, atol=1e-5)
+    assert done.model_extra["words"] == words_field(ref) and ref.words
+    # a client that does not ask gets no logprobs
+    deltas, done = asyncio.run(asyncio.wait_for(_openai_events(srv, pcm, {}), 120))
+    assert all(d.logprobs is None for d in deltas) and done.logprobs is None
+    assert done.transcript == ref.text
+
+
+def test_realtime_logprobs_and_words_vllm_dialect(srv, nm, audio):
+    from mlx_speech.server.vocabulary import words_field
+
+    async def go(update):
+        async with websockets.connect(srv.ws + "/v1/realtime", additional_headers={
+                "Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "model": "nm", **update}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            b = pcm16(audio).tobytes()
+            for i in range(0, len(b), 6400):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(b[i:i + 6400]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            evs = []
+            while True:
+                evs.append(json.loads(await ws.recv()))
+                assert evs[-1]["type"] != "error", evs[-1]
+                if evs[-1]["type"] == "transcription.done":
+                    return evs
+
+    ref = nm.transcribe(audio, logprobs=True)
+    evs = asyncio.run(asyncio.wait_for(go({"include": [
+        "item.input_audio_transcription.logprobs"]}), 120))
+    streamed = [lp["logprob"] for e in evs[:-1] for lp in e.get("logprobs", [])]
+    np.testing.assert_allclose(streamed, ref.logprobs, atol=1e-5)
+    np.testing.assert_allclose([lp["logprob"] for lp in evs[-1]["logprobs"]], ref.logprobs,
+                               atol=1e-5)
+    assert evs[-1]["words"] == words_field(ref)
+    evs = asyncio.run(asyncio.wait_for(go({}), 120))
+    assert not any("logprobs" in e for e in evs) and evs[-1]["words"] == words_field(ref)
+
+
+def test_rest_include_logprobs(srv, nm, audio):
+    ref = nm.transcribe(audio, logprobs=True)
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    f = ("a.wav", wav_bytes(audio))
+    t = client.audio.transcriptions.create(model="nm", file=f, include=["logprobs"])
+    assert t.text == ref.text
+    np.testing.assert_allclose([lp.logprob for lp in t.logprobs], ref.logprobs, atol=1e-5)
+    assert t.logprobs[0].bytes == list(nm.tokenizer.token_bytes(ref.token_ids[0]))
+    assert client.audio.transcriptions.create(model="nm", file=f).logprobs is None
+    v = client.audio.transcriptions.create(model="nm", file=f, include=["logprobs"],
+                                           response_format="verbose_json")
+    assert len(v.model_extra["logprobs"]) == len(ref.token_ids)

@@ -217,13 +217,17 @@ def create_app(served: Served) -> FastAPI:
         audio = _decode_audio(data, model.sample_rate)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        from .vocabulary import request_vocabulary, session_factory
+        from .vocabulary import request_vocabulary, result_logprobs, session_factory
 
         try:
             hw = ",".join(form.getlist("hotwords") + form.getlist("hotwords[]")) or None
             vocab = request_vocabulary(hw, _field(form, "prompt"), _field(form, "boost"))
         except MlxSpeechError as e:
             raise _http_error(400, str(e), param="hotwords") from None
+        include = form.getlist("include[]") + form.getlist("include")
+        want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
+        if want_lp:
+            vocab = {**vocab, "logprobs": True}
         s = served.engine.open_asr(model, session_factory(model, vocab), AsyncSink(q, loop),
                                    max_samples=len(audio))
         try:
@@ -242,7 +246,10 @@ def create_app(served: Served) -> FastAPI:
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
             breaks = await _pause_breaks(served, audio, model.sample_rate)
-        return _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
+            resp["logprobs"] = result_logprobs(model, result)
+        return resp
 
     # -- POST /v1/audio/speech -------------------------------------------------------
     @app.post("/v1/audio/speech")

@@ -32,7 +32,14 @@ from ..audio.resample import StreamingResampler
 from ..errors import MlxSpeechError
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
-from .vocabulary import request_vocabulary, session_factory
+from .vocabulary import (
+    LOGPROBS_INCLUDE,
+    logprob_entries,
+    request_vocabulary,
+    result_logprobs,
+    session_factory,
+    words_field,
+)
 
 VLLM_RATE = 16000
 OPENAI_RATE = 24000
@@ -64,16 +71,29 @@ class _Connection:
         self.model_id: str | None = None
         self.model = None
         self.vocab: dict = {}  # phrase boosting of the next sessions (server/vocabulary.py)
+        self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
 
     def open_stream(self, item: str):
-        s = self.engine.open_asr(self.model, session_factory(self.model, self.vocab),
+        s = self.engine.open_asr(self.model, session_factory(self.model, self.session_kw()),
                                  AsyncSink(self.out, self.loop, item))
         self.streams[item] = s
         self.texts[item] = TextDeltas()
         return s
+
+    def session_kw(self) -> dict:
+        return {**self.vocab, **({"logprobs": True} if self.logprobs else {})}
+
+    def set_include(self, include) -> str | None:
+        """OpenAI's `include`; an error message for a bad one."""
+        if include is None:
+            return None
+        if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+            return "include must be a list of strings"
+        self.logprobs = LOGPROBS_INCLUDE in include
+        return None
 
     async def writer(self) -> None:
         while True:
@@ -178,6 +198,8 @@ class VllmConnection(_Connection):
                                                     event.get("boost"))
             except MlxSpeechError as e:
                 self.error("invalid_value", str(e))
+            if err := self.set_include(event.get("include")):  # extension, as OpenAI's
+                self.error("invalid_value", err)
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -232,14 +254,21 @@ class VllmConnection(_Connection):
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
-            return [{"type": "transcription.delta", "delta": d}] if d else []
+            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
+            if not d and not lp:
+                return []
+            return [{"type": "transcription.delta", "delta": d,
+                     **({"logprobs": lp} if lp else {})}]
         if ev[0] == "done" and text is not None:
             result = ev[2]
             out = []
             if d := text.final(result.text):
                 out.append({"type": "transcription.delta", "delta": d})
+            extra = {"words": words_field(result)}
+            if result.logprobs is not None:
+                extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "transcription.done", "text": result.text,
-                        "usage": usage(result, self.seconds.pop(item, 0.0))})
+                        "usage": usage(result, self.seconds.pop(item, 0.0)), **extra})
             self.stream_done(item)
             return out
         if ev[0] == "error":
@@ -303,7 +332,8 @@ class OpenAIConnection(_Connection):
             return {"id": self.session_id, "object": "realtime.transcription_session",
                     "input_audio_format": "pcm16", "input_audio_transcription": tr,
                     "turn_detection": td}
-        return {"type": "transcription", "id": self.session_id,
+        inc = {"include": [LOGPROBS_INCLUDE]} if self.logprobs else {}
+        return {"type": "transcription", "id": self.session_id, **inc,
                 "object": "realtime.transcription_session",
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
                                     "transcription": tr, "turn_detection": td}}}
@@ -433,6 +463,9 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", "commit or clear the audio appended so far before "
                            "turning turn detection on", eid)
                 return
+        if err := self.set_include(session.get("include")):
+            self.error("invalid_value", err, eid, "session.include")
+            return
         tr = inp.get("transcription") or {}
         vocab = self.vocab
         if any(k in tr for k in ("hotwords", "boost", "prompt")):
@@ -478,11 +511,11 @@ class OpenAIConnection(_Connection):
 
         model, delay = self.model, self.delay
         if delay is None:
-            return lambda: session_factory(model, self.vocab)()
+            return lambda: session_factory(model, self.session_kw())()
         params = inspect.signature(model.session).parameters
         kw = ({"delay_ms": VOXTRAL_DELAY_MS[delay]} if "delay_ms" in params
               else {"latency_ms": NEMOTRON_LATENCY_MS[delay]})
-        return lambda: session_factory(model, self.vocab, **kw)()
+        return lambda: session_factory(model, self.session_kw(), **kw)()
 
     def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:
@@ -560,20 +593,24 @@ class OpenAIConnection(_Connection):
         out = []
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
-            if d:
+            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
+            if d or lp:
                 out = [{"type": "conversation.item.input_audio_transcription.delta", **base,
-                        "delta": d}]
+                        "delta": d, **({"logprobs": lp} if lp else {})}]
         elif ev[0] == "done" and text is not None:
             result = ev[2]
             if d := text.final(result.text):
                 out.append({"type": "conversation.item.input_audio_transcription.delta",
                             **base, "delta": d})
             u = usage(result, result.token_times[-1] if result.token_times else 0.0)
+            extra = {"words": words_field(result)}  # extension: the model's word times
+            if result.logprobs is not None:
+                extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "conversation.item.input_audio_transcription.completed",
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]}})
+                                  "total_tokens": u["total_tokens"]}, **extra})
             self.stream_done(item)
         elif ev[0] == "error":
             self.stream_done(item)

@@ -42,6 +42,36 @@ def request_vocabulary(hotwords=None, prompt=None, boost=None) -> dict:
     return {"hotwords": phrases, "boost": b}
 
 
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+
+
+def logprob_entries(model, pairs) -> list[dict]:
+    """OpenAI's logprobs entries ({token, logprob, bytes}) for (id, logprob) pairs; special
+    tokens (Voxtral's streaming pads and word markers) carry no text and are left out."""
+    from ..models.asr import logprob_items
+
+    tk = model.tokenizer
+    return [e for e in logprob_items(tk, pairs) if e["bytes"]]
+
+
+def result_logprobs(model, result) -> list[dict]:
+    return logprob_entries(model, zip(result.token_ids, result.logprobs or [], strict=False))
+
+
+def words_field(result) -> list[dict]:
+    """The word times extension of completed items: the model's own timing (seconds from
+    the item's first audio), as verbose_json's words."""
+    return [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+            for w in result.words]
+
+
+def new_logprobs(session):
+    """The (id, logprob) pairs a session decoded since the last call; None when the session
+    does not keep logprobs (no work then)."""
+    lp = getattr(session, "lp", None)
+    return lp.take() if lp is not None and lp.new else None
+
+
 def session_factory(model, vocab: dict, **kw):
     """`model.session` with the vocabulary (and any streaming-mode keywords) bound."""
     kw = {**kw, **vocab}
