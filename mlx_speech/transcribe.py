@@ -1,7 +1,7 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--timestamps] [--silence-ms 500] [--delay-ms 480]
+    mlx_speech.transcribe --live [--timestamps] [--words] [--silence-ms 500] [--delay-ms 480]
         [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
@@ -161,11 +161,12 @@ class LiveLines:
     """
 
     def __init__(self, model, mode: dict, write, vad=None, silence_ms: int = 500,
-                 timestamps: bool = False):
+                 timestamps: bool = False, words: bool = False):
         from .audio.turns import TurnAudio, TurnConfig, TurnDetector
 
         self.model, self.mode, self.write, self.vad = model, mode, write, vad
         self.timestamps = timestamps
+        self.words = [] if words else None  # the line's words, written when it ends
         self.session = None if vad is not None else model.session(**mode)
         self.turns = None
         if vad is not None:
@@ -195,13 +196,18 @@ class LiveLines:
 
     def _feed_session(self, x) -> None:
         self._text(self.session.feed(x))
-        self.session.drain()  # the text is out: keep nothing of it
+        done = self.session.drain()  # the text is out: keep nothing of it
+        if self.words is not None:
+            self.words += done.words
 
     def feed(self, block) -> None:
         if self.turns is None:
             self._feed_session(block)
             if self.session.done:  # EOS: start over on the same model
+                if self.words is not None:
+                    self.words += self.session.result().words
                 self._end_line()
+                self._write_words()
                 self.session = self.model.session(**self.mode)
             return
         self.turns.push(block)
@@ -218,9 +224,21 @@ class LiveLines:
     def close_turn(self) -> None:
         if self.session is not None:
             self._text(self.session.finish())
+            if self.words is not None:
+                self.words += self.session.result().words
             self.session.drain()
         self.session = None
         self._end_line()
+        self._write_words()
+
+    def _write_words(self) -> None:
+        """--words: the line's word times (the model's own), on the line below it."""
+        if self.words:
+            t0 = self.line_start or 0.0
+            self.write("  " + " ".join(f"[{_clock(t0 + w.start)}-{_clock(t0 + w.end)}] "
+                                       f"{w.text}" for w in self.words) + "\n")
+        if self.words is not None:
+            self.words = []
 
     def finish(self) -> None:
         """End of audio: the open turn's (or the endless line's) last text."""
@@ -259,7 +277,7 @@ def live(model, args) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps)
+    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps, args.words)
     saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
     problem = None
@@ -301,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--live: also write the audio the session received to FILE")
     p.add_argument("--timestamps", action="store_true",
                    help="--live: start each line with the time its speech began")
+    p.add_argument("--words", action="store_true",
+                   help="--live: after each line, its words with their start and end times")
     p.add_argument("--silence-ms", type=int, default=500,
                    help="--live: a pause this long ends the line (default 500)")
     p.add_argument("--vad", metavar="PATH",
@@ -336,8 +356,8 @@ def _run(args) -> None:
             raise MlxSpeechError(f"no such file: {f}")
     if args.live and args.files:
         raise MlxSpeechError("give audio files or --live, not both")
-    if not args.live and (args.timestamps or args.no_vad or args.vad):
-        raise MlxSpeechError("--timestamps, --vad and --no-vad are for --live")
+    if not args.live and (args.timestamps or args.no_vad or args.vad or args.words):
+        raise MlxSpeechError("--timestamps, --words, --vad and --no-vad are for --live")
     if args.save_audio:
         if not args.live:
             raise MlxSpeechError("--save-audio is for --live")

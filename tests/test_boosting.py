@@ -247,3 +247,25 @@ def test_cli_hotwords_boost_and_file(vr_dir, vr_model, tmp_path):
                           (["--hotwords-file", str(tmp_path / "none.txt")], "cannot read")):
         r = run("mlx_speech.transcribe", str(wav), "--model", str(vr_dir), *extra)
         assert r.returncode == 1 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_live_words_prints_the_models_word_times(vr_model, nemotron, audio):
+    from mlx_speech.transcribe import LiveLines, _clock
+
+    for model, x in ((nemotron, audio), (vr_model, speechlike(3.0))):
+        ref = model.transcribe(x)
+        out = []
+        lines = LiveLines(model, {}, out.append, words=True)
+        for i in range(0, len(x), 1280):
+            lines.feed(x[i: i + 1280])
+        lines.finish()
+        text = "".join(out)
+        want = " ".join(f"[{_clock(w.start)}-{_clock(w.end)}] {w.text}" for w in ref.words)
+        if ref.words:
+            assert text.endswith("\n  " + want + "\n")
+        plain = []
+        lines = LiveLines(model, {}, plain.append)
+        lines.feed(x)
+        lines.finish()
+        assert "".join(plain) == text[: len("".join(plain))] and "[" not in "".join(plain)
+    assert nemotron.transcribe(audio).words  # the check above ran on real words
