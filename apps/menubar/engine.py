@@ -375,12 +375,16 @@ def _user_error(e: Exception) -> bool:
 
 
 def _session_kwargs(model, options: dict) -> dict:
-    """Voxtral takes delay_ms, Nemotron latency_ms; None means the model's default."""
+    """Voxtral takes delay_ms, Nemotron latency_ms; None means the model's default. The
+    vocabulary (hotwords, boost) goes to either."""
     from mlx_speech.models.voxtral_realtime import VoxtralRealtime
 
     key = "delay_ms" if isinstance(model, VoxtralRealtime) else "latency_ms"
     v = options.get(key)
-    return {} if v is None else {key: v}
+    kw = {} if v is None else {key: v}
+    if options.get("hotwords"):  # the settings' vocabulary (phrase boosting)
+        kw.update(hotwords=options["hotwords"], boost=options.get("boost", 1.0))
+    return kw
 
 
 # ---------------------------------------------------------------- model store
