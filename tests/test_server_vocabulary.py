@@ -33,8 +33,8 @@ def nm():
 
 
 @pytest.fixture(scope="module")
-def srv(nm):
-    with ServerThread({"nm": nm}, api_key=KEY) as s:
+def srv(nm, vr_model):
+    with ServerThread({"nm": nm, "vr": vr_model}, api_key=KEY) as s:
         yield s
 
 
@@ -226,3 +226,47 @@ def test_rest_include_logprobs(srv, nm, audio):
     v = client.audio.transcriptions.create(model="nm", file=f, include=["logprobs"],
                                            response_format="verbose_json")
     assert len(v.model_extra["logprobs"]) == len(ref.token_ids)
+
+
+def test_realtime_logprobs_raw_client_openai_dialect_voxtral(srv, vr_model):
+    """A raw websockets client in OpenAI's dialect; Voxtral's pads carry no text and are not
+    listed."""
+    from tests.conftest import speechlike
+
+    x = pcm16(speechlike(2.0))
+    audio = x.astype(np.float32) / 32768
+    # the tiny model says little: a boosted phrase makes it say more (logprobs stay unbiased)
+    ref = vr_model.transcribe(audio, logprobs=True, hotwords=[">"], boost=3.0)
+    text_lps = [lp for t, lp in zip(ref.token_ids, ref.logprobs, strict=True)
+                if not vr_model.tokenizer.is_special(t)]
+    assert text_lps and len(text_lps) < len(ref.token_ids)  # text tokens, and pads left out
+
+    async def go():
+        async with websockets.connect(srv.ws + "/v1/realtime?intent=transcription&model=vr",
+                                      additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
+                                    "transcription": {"hotwords": [">"], "boost": 3.0},
+                                    "turn_detection": None}}}}))
+            b = x.tobytes()
+            for i in range(0, len(b), 6400):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(b[i:i + 6400]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            evs = []
+            while True:
+                evs.append(json.loads(await ws.recv()))
+                assert evs[-1]["type"] != "error", evs[-1]
+                if evs[-1]["type"].endswith("transcription.completed"):
+                    return evs
+
+    evs = asyncio.run(asyncio.wait_for(go(), 120))
+    upd = next(e for e in evs if e["type"] == "session.updated")
+    assert upd["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+    done = evs[-1]
+    assert done["transcript"] == ref.text
+    np.testing.assert_allclose([e["logprob"] for e in done["logprobs"]], text_lps, atol=1e-5)
+    assert all(e["bytes"] for e in done["logprobs"])
+    streamed = [lp["logprob"] for e in evs[:-1] for lp in e.get("logprobs", [])]
+    np.testing.assert_allclose(streamed, text_lps, atol=1e-5)
