@@ -19,6 +19,8 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
+from .vocabulary import request_vocabulary, result_logprobs, session_factory
+from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 SPEECH_FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -217,8 +219,6 @@ def create_app(served: Served) -> FastAPI:
         audio = _decode_audio(data, model.sample_rate)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        from .vocabulary import request_vocabulary, result_logprobs, session_factory
-
         try:
             hw = ",".join(form.getlist("hotwords") + form.getlist("hotwords[]")) or None
             vocab = request_vocabulary(hw, _field(form, "prompt"), _field(form, "boost"))
@@ -463,11 +463,6 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(
     if words:
         out["words"] = _words(result)
     return out
-
-
-def _words(result) -> list[dict]:
-    return [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
-            for w in result.words]
 
 
 def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:
