@@ -270,3 +270,15 @@ def test_realtime_logprobs_raw_client_openai_dialect_voxtral(srv, vr_model):
     assert all(e["bytes"] for e in done["logprobs"])
     streamed = [lp["logprob"] for e in evs[:-1] for lp in e.get("logprobs", [])]
     np.testing.assert_allclose(streamed, text_lps, atol=1e-5)
+
+
+def test_rest_streamed_logprobs(srv, nm, audio):
+    ref = nm.transcribe(audio, logprobs=True)
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    evs = list(client.audio.transcriptions.create(model="nm", file=("a.wav", wav_bytes(audio)),
+                                                  include=["logprobs"], stream=True))
+    streamed = [lp.logprob for e in evs[:-1] for lp in (e.logprobs or [])]
+    np.testing.assert_allclose(streamed, ref.logprobs, atol=1e-5)
+    np.testing.assert_allclose([lp.logprob for lp in evs[-1].logprobs], ref.logprobs,
+                               atol=1e-5)
+    assert "".join(e.delta for e in evs[:-1]) == ref.text == evs[-1].text

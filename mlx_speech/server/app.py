@@ -19,7 +19,7 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
-from .vocabulary import request_vocabulary, result_logprobs, session_factory
+from .vocabulary import logprob_entries, request_vocabulary, result_logprobs, session_factory
 from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -237,7 +237,8 @@ def create_app(served: Served) -> FastAPI:
         s.end()
         seconds = len(audio) / model.sample_rate
         if stream:
-            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans),
+            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
+                                                     model if want_lp else None),
                                      media_type="text/event-stream")
         try:
             result = await _await_done(q)
@@ -386,16 +387,21 @@ def _sse_error(ev) -> str:
     return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
 
 
-async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False):
+async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False,
+                          lp_model=None):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
-    for (an extension: OpenAI's streaming has none) the done event also carries `words`."""
+    for (an extension: OpenAI's streaming has none) the done event also carries `words`;
+    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`."""
     text = TextDeltas()
     try:
         while True:
             ev = await q.get()
             if ev[0] == "delta":
-                if d := text.add(ev[1]):
-                    yield _sse({"type": "transcript.text.delta", "delta": d})
+                d = text.add(ev[1])
+                lp = logprob_entries(lp_model, ev[2]) if len(ev) > 2 and lp_model else []
+                if d or lp:
+                    yield _sse({"type": "transcript.text.delta", "delta": d,
+                                **({"logprobs": lp} if lp else {})})
             elif ev[0] == "done":
                 result = ev[2]
                 if d := text.final(result.text):
@@ -404,6 +410,8 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
                 if words:
                     done["words"] = _words(result)
+                if lp_model is not None:
+                    done["logprobs"] = result_logprobs(lp_model, result)
                 yield _sse(done)
                 yield "data: [DONE]\n\n"
                 return
