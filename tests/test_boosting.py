@@ -269,3 +269,19 @@ def test_live_words_prints_the_models_word_times(vr_model, nemotron, audio):
         lines.finish()
         assert "".join(plain) == text[: len("".join(plain))] and "[" not in "".join(plain)
     assert nemotron.transcribe(audio).words  # the check above ran on real words
+
+
+def test_spm_encoder_from_a_unigram_tokenizer_json(tmp_path):
+    """A transformers tokenizer.json (Unigram: [piece, score] in id order) encodes as the
+    .model it came from (texts without runs of spaces: its normalizer is not read)."""
+    src = SentencePieceDecoder.from_file(GOLDEN / "boosting" / "unigram.model")
+    vocab = [[p, sc] for (p, _), sc in zip(src.pieces, src.encoding["scores"], strict=True)]
+    tj = {"model": {"type": "Unigram", "vocab": vocab, "unk_id": 0},
+          "added_tokens": [{"id": 0, "content": src.pieces[0][0], "special": True}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
+    tk = SentencePieceDecoder.from_file(tmp_path / "tokenizer.json")
+    texts = list(B["spm_texts"])
+    want = json.loads(str(B["spm_unigram"]))
+    for t, ids in zip(texts, want, strict=True):
+        if "  " not in t and t == t.strip() and "K" not in t:
+            assert tk.encode(t) == ids

@@ -98,7 +98,14 @@ class NemotronStreaming(StreamingASR):
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     for name in TOKENIZER_FILES:
         if (folder / name).exists():
-            return SentencePieceDecoder.from_file(folder / name)
+            tk = SentencePieceDecoder.from_file(folder / name)
+            spm = folder / "tokenizer.model"
+            if name != "tokenizer.model" and spm.exists():
+                # hotwords are encoded exactly as sentencepiece does with the .model's scores
+                exact = SentencePieceDecoder.from_file(spm)
+                if [p for p, _ in exact.pieces] == [p for p, _ in tk.pieces[:len(exact)]]:
+                    tk.encoding = exact.encoding
+            return tk
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
