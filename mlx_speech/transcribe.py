@@ -1,7 +1,7 @@
 """mlx_speech.transcribe: speech to text from files or the microphone.
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
-    mlx_speech.transcribe --live [--timestamps] [--silence-ms 500] [--latency-ms 480]
+    mlx_speech.transcribe --live [--timestamps] [--words] [--silence-ms 500] [--latency-ms 480]
         [--save-audio heard.wav]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import DEFAULT_ASR_MODEL
+from . import DEFAULT_ASR_MODEL, hotwords
 from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
 from .errors import MlxSpeechError
 from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
@@ -45,7 +45,7 @@ def transcribe_file(model, path: str, args) -> str:
     bar, update = _progress_bar(total)
     try:
         result = model.transcribe(audio, model.sample_rate, progress=update,
-                                  **_mode(model, args))
+                                  **_mode(model, args), **hotwords.from_args(args))
     finally:
         if bar is not None:
             bar.close()
@@ -115,11 +115,12 @@ class LiveLines:
     """
 
     def __init__(self, model, mode: dict, write, vad=None, silence_ms: int = 500,
-                 timestamps: bool = False):
+                 timestamps: bool = False, words: bool = False):
         from .audio.turns import TurnAudio, TurnConfig, TurnDetector
 
         self.model, self.mode, self.write, self.vad = model, mode, write, vad
         self.timestamps = timestamps
+        self.words = [] if words else None  # the line's words, written when it ends
         self.session = None if vad is not None else model.session(**mode)
         self.turns = None
         if vad is not None:
@@ -149,13 +150,18 @@ class LiveLines:
 
     def _feed_session(self, x) -> None:
         self._text(self.session.feed(x))
-        self.session.drain()  # the text is out: keep nothing of it
+        done = self.session.drain()  # the text is out: keep nothing of it
+        if self.words is not None:
+            self.words += done.words
 
     def feed(self, block) -> None:
         if self.turns is None:
             self._feed_session(block)
             if self.session.done:  # EOS: start over on the same model
+                if self.words is not None:
+                    self.words += self.session.result().words
                 self._end_line()
+                self._write_words()
                 self.session = self.model.session(**self.mode)
             return
         self.turns.push(block)
@@ -172,9 +178,21 @@ class LiveLines:
     def close_turn(self) -> None:
         if self.session is not None:
             self._text(self.session.finish())
+            if self.words is not None:
+                self.words += self.session.result().words
             self.session.drain()
         self.session = None
         self._end_line()
+        self._write_words()
+
+    def _write_words(self) -> None:
+        """--words: the line's word times (the model's own), on the line below it."""
+        if self.words:
+            t0 = self.line_start or 0.0
+            self.write("  " + " ".join(f"[{_clock(t0 + w.start)}-{_clock(t0 + w.end)}] "
+                                       f"{w.text}" for w in self.words) + "\n")
+        if self.words is not None:
+            self.words = []
 
     def finish(self) -> None:
         """End of audio: the open turn's (or the endless line's) last text."""
@@ -208,13 +226,13 @@ def live(model, args, vad=None) -> None:
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
-    mode = _mode(model, args)
+    mode = {**_mode(model, args), **hotwords.from_args(args)}
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps)
+    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps, args.words)
     saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
     problem = None
@@ -255,6 +273,8 @@ def build_parser() -> ArgumentParser:
                    help="--live: also write the audio the session received to FILE")
     p.add_argument("--timestamps", action="store_true",
                    help="--live: start each line with the time its speech began")
+    p.add_argument("--words", action="store_true",
+                   help="--live: after each line, its words with their start and end times")
     p.add_argument("--silence-ms", type=int, default=500,
                    help="--live: a pause this long ends the line (default 500)")
     p.add_argument("--vad", metavar="PATH",
@@ -265,6 +285,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--latency-ms", "--delay-ms", dest="latency_ms", type=int, default=None,
                    help="streaming latency (default: the model's): Voxtral takes a multiple of "
                         "80 ms, Nemotron 80, 160, 560 or 1120 (--delay-ms is its older name)")
+    hotwords.add_arguments(p)
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
@@ -310,8 +331,9 @@ def _run(args) -> None:
         raise MlxSpeechError("--diarizer needs --diarize")
     if args.live and args.files:
         raise MlxSpeechError("give audio files or --live, not both")
-    if not args.live and (args.timestamps or args.no_vad or args.vad):
-        raise MlxSpeechError("--timestamps, --vad and --no-vad are for --live")
+    if not args.live and (args.timestamps or args.no_vad or args.vad or args.words):
+        raise MlxSpeechError("--timestamps, --words, --vad and --no-vad are for --live")
+    hotwords.from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
     if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):

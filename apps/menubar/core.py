@@ -443,7 +443,9 @@ class App:
         # the session is queued before the first block (it waits behind a model load)
         self.engine.begin(sid, s.asr_model, {"delay_ms": s.delay_ms,
                                              "latency_ms": s.latency_ms,
-                                             "stop_after_silence_ms": s.handsfree_stop_ms})
+                                             "stop_after_silence_ms": s.handsfree_stop_ms,
+                                             "hotwords": list(s.vocabulary),
+                                             "boost": s.vocabulary_boost})
         try:
             self.ports.microphone.open(lambda block: self._on_block(sid, block))
         except Exception as e:

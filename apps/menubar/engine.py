@@ -375,9 +375,13 @@ def _user_error(e: Exception) -> bool:
 
 def _session_kwargs(model, options: dict) -> dict:
     """The session's `latency_ms`: the settings keep one per family (Voxtral's delay_ms, any
-    multiple of 80; Nemotron's latency_ms, four modes); None means the model's default."""
+    multiple of 80; Nemotron's latency_ms, four modes); None means the model's default. The
+    vocabulary (hotwords, boost) goes to either."""
     v = options.get("delay_ms" if getattr(model, "family", None) == "voxtral" else "latency_ms")
-    return {} if v is None else {"latency_ms": v}
+    kw = {} if v is None else {"latency_ms": v}
+    if options.get("hotwords"):  # the settings' vocabulary (phrase boosting)
+        kw.update(hotwords=options["hotwords"], boost=options.get("boost", 1.0))
+    return kw
 
 
 # ---------------------------------------------------------------- model store

@@ -38,6 +38,10 @@ class Settings:
     tts_model: str = DEFAULT_TTS
     delay_ms: int | None = None  # Voxtral: None = the model's default
     latency_ms: int | None = None  # Nemotron: None = the model's default
+    # phrases dictation should favour (names, jargon), and how strongly (phrase boosting;
+    # docs/vocabulary-and-timing.md); an empty list or 0 leaves the model as it is
+    vocabulary: list = field(default_factory=list)
+    vocabulary_boost: float = 1.0
     voice: str | None = None  # None = the TTS model's default voice
     tts_seed: int = 0
     tts_max_frames: int | None = None
@@ -88,6 +92,9 @@ class Settings:
             if ok:
                 kw[f.name] = v
         s = cls(**kw)
+        s.vocabulary = [p for p in s.vocabulary if isinstance(p, str) and p.strip()]
+        if not 0 <= s.vocabulary_boost <= 100:
+            s.vocabulary_boost = base.vocabulary_boost
         if s.toggle not in TOGGLES:
             s.toggle = base.toggle
         return s

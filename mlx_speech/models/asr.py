@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 from ..audio.io import check_audio, load_audio
 from ..errors import CheckpointError, MlxSpeechError
 from ..nn import quant
+from ..text.context_graph import DEFAULT_BOOST  # noqa: F401 (re-exported to the models)
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
 
@@ -30,6 +31,8 @@ class Transcript:
     token_ids: list[int]
     words: list[Word] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # start (s) of each token
+    # the model's log-probability of each token (sessions made with logprobs=True), else None
+    logprobs: list[float] | None = None
 
 
 DRAIN_HOLD_MAX = 256  # tokens `drain` may hold back for a word that could still grow
@@ -81,6 +84,62 @@ def group_words(items) -> list[Word]:
         end, pinned = t1, pinned and not buf.strip()
     close()
     return words
+
+
+def make_booster(owner, hotwords, boost: float, vocab: int,
+                 tokenizations: Callable[[str], list[list[int]]],
+                 transparent: Callable[[int], bool] | None = None):
+    """A session's phrase-boosting walk (None: no phrases or boost 0). The graph of a phrase
+    list is built once per model (`owner._graphs`) and shared by its sessions."""
+    from ..text import context_graph as cg
+
+    phrases, alpha = cg.parse_hotwords(hotwords), cg.check_boost(boost)
+    if not phrases or alpha == 0:
+        return None
+    cache = owner.__dict__.setdefault("_graphs", cg.GraphCache())
+
+    def build() -> cg.ContextGraph:
+        seqs = []
+        for p in phrases:
+            for ids in tokenizations(p):
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return cg.ContextGraph(seqs, vocab)
+
+    return cg.Booster(cache.get(tuple(phrases), build), alpha, transparent)
+
+
+class TokenLogprobs:
+    """What a session made with `logprobs=True` keeps: each token's log-probability beside
+    token_ids, and the (id, logprob) pairs not taken yet (`take`, for streamed deltas).
+    Sessions without it hold None and do no extra work."""
+
+    def __init__(self):
+        self.values: list[float] = []  # parallel to the session's token_ids
+        self.new: list[tuple[int, float]] = []
+
+    def add(self, tok: int, lp: float) -> None:
+        self.values.append(lp)
+        self.new.append((tok, lp))
+
+    def take(self) -> list[tuple[int, float]]:
+        out, self.new = self.new, []
+        return out
+
+
+def logprob_items(tokenizer, pairs) -> list[dict]:
+    """OpenAI's logprobs entries: {token, logprob, bytes} per (id, logprob)."""
+    out = []
+    for tok, lp in pairs:
+        b = tokenizer.token_bytes(tok) if not _special(tokenizer, tok) else b""
+        out.append({"token": b.decode("utf-8", "replace"), "logprob": float(lp),
+                    "bytes": list(b)})
+    return out
+
+
+def _special(tokenizer, tok: int) -> bool:
+    f = getattr(tokenizer, "is_special", None)
+    return bool(f and f(tok))
 
 
 class StreamingASR:

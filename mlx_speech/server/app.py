@@ -20,6 +20,8 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
+from .vocabulary import logprob_entries, request_vocabulary, result_logprobs, session_factory
+from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 SPEECH_FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -219,7 +221,16 @@ def create_app(served: Served) -> FastAPI:
         audio = _decode_audio(data, model.sample_rate, f.filename)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        s = served.engine.open_asr(model, model.session, AsyncSink(q, loop),
+        try:
+            hw = ",".join(form.getlist("hotwords") + form.getlist("hotwords[]")) or None
+            vocab = request_vocabulary(hw, _field(form, "prompt"), _field(form, "boost"))
+        except MlxSpeechError as e:
+            raise _http_error(400, str(e), param="hotwords") from None
+        include = form.getlist("include[]") + form.getlist("include")
+        want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
+        if want_lp:
+            vocab = {**vocab, "logprobs": True}
+        s = served.engine.open_asr(model, session_factory(model, vocab), AsyncSink(q, loop),
                                    max_samples=len(audio))
         try:
             s.push(audio)
@@ -228,7 +239,8 @@ def create_app(served: Served) -> FastAPI:
         s.end()
         seconds = len(audio) / model.sample_rate
         if stream:
-            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans),
+            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
+                                                     model if want_lp else None),
                                      media_type="text/event-stream")
         try:
             result = await _await_done(q)
@@ -248,7 +260,10 @@ def create_app(served: Served) -> FastAPI:
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
             breaks = await _pause_breaks(served, audio, model.sample_rate)
-        return _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
+            resp["logprobs"] = result_logprobs(model, result)
+        return resp
 
     # -- POST /v1/audio/speech -------------------------------------------------------
     @app.post("/v1/audio/speech")
@@ -395,16 +410,21 @@ def _sse_error(ev) -> str:
     return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
 
 
-async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False):
+async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False,
+                          lp_model=None):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
-    for (an extension: OpenAI's streaming has none) the done event also carries `words`."""
+    for (an extension: OpenAI's streaming has none) the done event also carries `words`;
+    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`."""
     text = TextDeltas()
     try:
         while True:
             ev = await q.get()
             if ev[0] == "delta":
-                if d := text.add(ev[1]):
-                    yield _sse({"type": "transcript.text.delta", "delta": d})
+                d = text.add(ev[1])
+                lp = logprob_entries(lp_model, ev[2]) if len(ev) > 2 and lp_model else []
+                if d or lp:
+                    yield _sse({"type": "transcript.text.delta", "delta": d,
+                                **({"logprobs": lp} if lp else {})})
             elif ev[0] == "done":
                 result = ev[2]
                 if d := text.final(result.text):
@@ -413,6 +433,8 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
                 if words:
                     done["words"] = _words(result)
+                if lp_model is not None:
+                    done["logprobs"] = result_logprobs(lp_model, result)
                 yield _sse(done)
                 yield "data: [DONE]\n\n"
                 return
@@ -492,11 +514,6 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(
     if words:
         out["words"] = _words(result)
     return out
-
-
-def _words(result) -> list[dict]:
-    return [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
-            for w in result.words]
 
 
 def encode_audio(samples: np.ndarray, sr: int, fmt: str) -> bytes:

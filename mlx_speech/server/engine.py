@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..errors import MlxSpeechError
+from .vocabulary import new_logprobs
 
 log = logging.getLogger("mlx_speech.server")
 
@@ -107,8 +108,9 @@ class _Stream:
 
 
 class AsrStream(_Stream):
-    """A live transcription: 16 kHz float32 in; ("delta", text) events, then ("done",
-    final_text, Transcript), or ("error", code, message)."""
+    """A live transcription: 16 kHz float32 in; ("delta", text) events (("delta", text,
+    [(id, logprob)...]) for sessions that keep logprobs), then ("done", final_text,
+    Transcript), or ("error", code, message)."""
 
     def __init__(self, engine: Engine, owner, make_session, sink: Sink, max_samples: int):
         super().__init__(engine, sink, max_samples)
@@ -283,8 +285,9 @@ class Engine:
                         s.fail("processing_error", f"model step failed: {e}")
                     continue
                 for (s, _), t in zip(b, texts, strict=True):
-                    if t:
-                        s.emit(("delta", t))
+                    lps = new_logprobs(s.session)  # None unless the client asked
+                    if t or lps:
+                        s.emit(("delta", t) if lps is None else ("delta", t, lps))
         return bool(groups)
 
     def _finish_asr(self, streams: list[AsrStream]) -> bool:
@@ -303,6 +306,8 @@ class Engine:
                 continue
             for s, t in zip(b, texts, strict=True):
                 s.finished = True
+                if lps := new_logprobs(s.session):  # the last tokens' logprobs, when asked
+                    s.emit(("delta", "", lps))
                 s.emit(("done", t, s.session.result()))
         return bool(groups)
 

@@ -29,8 +29,17 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
+from ..errors import MlxSpeechError
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
+from .vocabulary import (
+    LOGPROBS_INCLUDE,
+    logprob_entries,
+    request_vocabulary,
+    result_logprobs,
+    session_factory,
+    words_field,
+)
 
 VLLM_RATE = 16000
 OPENAI_RATE = 24000
@@ -61,16 +70,30 @@ class _Connection:
         self.texts: dict[str, TextDeltas] = {}
         self.model_id: str | None = None
         self.model = None
+        self.vocab: dict = {}  # phrase boosting of the next sessions (server/vocabulary.py)
+        self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
 
     def open_stream(self, item: str):
-        s = self.engine.open_asr(self.model, self.model.session,
+        s = self.engine.open_asr(self.model, session_factory(self.model, self.session_kw()),
                                  AsyncSink(self.out, self.loop, item))
         self.streams[item] = s
         self.texts[item] = TextDeltas()
         return s
+
+    def session_kw(self) -> dict:
+        return {**self.vocab, **({"logprobs": True} if self.logprobs else {})}
+
+    def set_include(self, include) -> str | None:
+        """OpenAI's `include`; an error message for a bad one."""
+        if include is None:
+            return None
+        if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+            return "include must be a list of strings"
+        self.logprobs = LOGPROBS_INCLUDE in include
+        return None
 
     async def writer(self) -> None:
         while True:
@@ -181,6 +204,14 @@ class VllmConnection(_Connection):
 
                 self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
                                                    AsyncSink(self.out, self.loop, "speakers"))
+            try:  # extension: hotwords / boost for the next utterances
+                if "hotwords" in event or "boost" in event:
+                    self.vocab = request_vocabulary(event.get("hotwords"), None,
+                                                    event.get("boost"))
+            except MlxSpeechError as e:
+                self.error("invalid_value", str(e))
+            if err := self.set_include(event.get("include")):  # extension, as OpenAI's
+                self.error("invalid_value", err)
         elif t == "input_audio_buffer.append":
             try:
                 x = _pcm16(event.get("audio"))
@@ -244,14 +275,21 @@ class VllmConnection(_Connection):
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
-            return [{"type": "transcription.delta", "delta": d}] if d else []
+            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
+            if not d and not lp:
+                return []
+            return [{"type": "transcription.delta", "delta": d,
+                     **({"logprobs": lp} if lp else {})}]
         if ev[0] == "done" and text is not None:
             result = ev[2]
             out = []
             if d := text.final(result.text):
                 out.append({"type": "transcription.delta", "delta": d})
+            extra = {"words": words_field(result)}
+            if result.logprobs is not None:
+                extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "transcription.done", "text": result.text,
-                        "usage": usage(result, self.seconds.pop(item, 0.0)),
+                        "usage": usage(result, self.seconds.pop(item, 0.0)), **extra,
                         **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
             return out
@@ -313,12 +351,15 @@ class OpenAIConnection(_Connection):
             tr["delay"] = self.delay
         if self.speakers is not None:
             tr["diarize"] = True
+        if self.vocab:
+            tr["hotwords"], tr["boost"] = self.vocab["hotwords"], self.vocab["boost"]
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
                     "input_audio_format": "pcm16", "input_audio_transcription": tr,
                     "turn_detection": td}
-        return {"type": "transcription", "id": self.session_id,
+        inc = {"include": [LOGPROBS_INCLUDE]} if self.logprobs else {}
+        return {"type": "transcription", "id": self.session_id, **inc,
                 "object": "realtime.transcription_session",
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
                                     "transcription": tr, "turn_detection": td}}}
@@ -451,6 +492,9 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", "commit or clear the audio appended so far before "
                            "turning turn detection on", eid)
                 return
+        if err := self.set_include(session.get("include")):
+            self.error("invalid_value", err, eid, "session.include")
+            return
         tr = inp.get("transcription") or {}
         if tr.get("diarize") and self.speakers is None:  # speakers on completed items
             if self.served.diarizer is None:
@@ -461,6 +505,14 @@ class OpenAIConnection(_Connection):
 
             self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
                                                AsyncSink(self.out, self.loop, "speakers"))
+        vocab = self.vocab
+        if any(k in tr for k in ("hotwords", "boost", "prompt")):
+            try:  # hotwords / boost: an extension; prompt: OpenAI's, read as phrases
+                vocab = request_vocabulary(tr.get("hotwords"), tr.get("prompt"),
+                                           tr.get("boost"))
+            except MlxSpeechError as e:
+                self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
+                return
         delay = tr.get("delay", self.delay)
         if delay is not None and delay not in VOXTRAL_DELAY_MS:
             self.error("invalid_value", f"transcription.delay must be one of "
@@ -479,6 +531,7 @@ class OpenAIConnection(_Connection):
                        "with turn detection on", eid)
             return
         self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
+        self.vocab = vocab  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
                 self.turns.close()
@@ -494,9 +547,9 @@ class OpenAIConnection(_Connection):
         """The ASR session factory for this connection's model and delay (engine thread)."""
         model, delay = self.model, self.delay
         if delay is None:
-            return model.session
+            return lambda: session_factory(model, self.session_kw())()
         ms = (VOXTRAL_DELAY_MS if model.family == "voxtral" else NEMOTRON_LATENCY_MS)[delay]
-        return lambda: model.session(latency_ms=ms)
+        return lambda: session_factory(model, self.session_kw(), latency_ms=ms)()
 
     def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:
@@ -590,20 +643,24 @@ class OpenAIConnection(_Connection):
         out = []
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
-            if d:
+            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
+            if d or lp:
                 out = [{"type": "conversation.item.input_audio_transcription.delta", **base,
-                        "delta": d}]
+                        "delta": d, **({"logprobs": lp} if lp else {})}]
         elif ev[0] == "done" and text is not None:
             result = ev[2]
             if d := text.final(result.text):
                 out.append({"type": "conversation.item.input_audio_transcription.delta",
                             **base, "delta": d})
             u = usage(result, result.token_times[-1] if result.token_times else 0.0)
+            extra = {"words": words_field(result)}  # extension: the model's word times
+            if result.logprobs is not None:
+                extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "conversation.item.input_audio_transcription.completed",
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]},
+                                  "total_tokens": u["total_tokens"]}, **extra,
                         **(self.speakers.fields(item, result) if self.speakers else {})})
             self.stream_done(item)
         elif ev[0] == "error":

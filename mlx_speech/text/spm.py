@@ -22,20 +22,40 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNKNOWN_SURFACE = " \u2047 "
 
 
-def _pieces_from_model(data: bytes) -> list[tuple[str, int]]:
-    pieces = []
+def _pieces_from_model(data: bytes) -> tuple[list[tuple[str, int]], list[float]]:
+    pieces, scores = [], []
     for num, wire, val in _fields(data):
         if num == 1 and wire == 2:  # ModelProto.pieces
-            piece, kind = "", NORMAL
+            piece, kind, score = "", NORMAL, 0.0
             for n, w, v in _fields(val):
                 if n == 1 and w == 2:
                     piece = v.decode("utf-8")
                 elif n == 3 and w == 0:
                     kind = v
                 elif n == 2 and w == 5:
-                    struct.unpack("<f", v)  # score: unused for decoding
+                    score = struct.unpack("<f", v)[0]  # only encoding (hotwords) uses it
             pieces.append((piece, kind))
-    return pieces
+            scores.append(score)
+    return pieces, scores
+
+
+def _model_type(data: bytes) -> str:
+    """TrainerSpec.model_type: unigram (the default) or bpe (word / char: as unigram)."""
+    for num, wire, val in _fields(data):
+        if num == 2 and wire == 2:
+            for n, w, v in _fields(val):
+                if n == 3 and w == 0:
+                    return "bpe" if v == 2 else "unigram"
+    return "unigram"
+
+
+def _normalizer_name(data: bytes) -> str:
+    for num, wire, val in _fields(data):
+        if num == 3 and wire == 2:
+            for n, w, v in _fields(val):
+                if n == 1 and w == 2:
+                    return v.decode("utf-8")
+    return "nmt_nfkc"
 
 
 def normalizer_flags(data: bytes) -> tuple[bool, bool]:
@@ -63,8 +83,11 @@ def _unk_surface(data: bytes) -> str:
 
 def _read_model_proto(data: bytes) -> dict:
     dummy_prefix, collapse = normalizer_flags(data)
-    return {"pieces": _pieces_from_model(data), "dummy_prefix": dummy_prefix,
-            "collapse": collapse, "unk_surface": _unk_surface(data)}
+    pieces, scores = _pieces_from_model(data)
+    return {"pieces": pieces, "dummy_prefix": dummy_prefix,
+            "collapse": collapse, "unk_surface": _unk_surface(data),
+            "encoding": {"scores": scores, "type": _model_type(data),
+                         "normalizer": _normalizer_name(data)}}
 
 
 def _pieces_from_json(tj: dict) -> list[tuple[str, int]]:
@@ -90,6 +113,17 @@ def _pieces_from_json(tj: dict) -> list[tuple[str, int]]:
     return out
 
 
+def _encoding_from_json(tj: dict) -> dict | None:
+    model = tj.get("model") or {}
+    if model.get("type") == "Unigram" and isinstance(model.get("vocab"), list):
+        return {"scores": [float(p[1]) for p in model["vocab"]], "type": "unigram",
+                "normalizer": "identity"}
+    if model.get("type") == "BPE" and model.get("merges"):
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        return {"merges": merges, "type": "bpe", "normalizer": "identity"}
+    return None
+
+
 class SentencePieceDecoder:
     """ids -> text exactly as sentencepiece's `decode` (see StreamingDecoder).
 
@@ -98,8 +132,10 @@ class SentencePieceDecoder:
     """
 
     def __init__(self, pieces: list[tuple[str, int]], *, dummy_prefix: bool = True,
-                 collapse: bool = False, unk_surface: str = UNKNOWN_SURFACE):
+                 collapse: bool = False, unk_surface: str = UNKNOWN_SURFACE,
+                 encoding: dict | None = None):
         self.pieces = pieces
+        self.encoding = encoding  # what `encode` needs: scores / merges, model type
         self.dummy_prefix, self.collapse = dummy_prefix, collapse
         self.unk_surface = unk_surface
         self._bytes: list[bytes] = []
@@ -118,7 +154,8 @@ class SentencePieceDecoder:
         path = Path(path)
         try:
             if path.suffix == ".json":
-                return cls(_pieces_from_json(json.loads(path.read_text(encoding="utf-8"))))
+                tj = json.loads(path.read_text(encoding="utf-8"))
+                return cls(_pieces_from_json(tj), encoding=_encoding_from_json(tj))
             return cls(**_read_model_proto(path.read_bytes()))
         except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError) as e:
             raise CheckpointError(f"cannot read tokenizer {path}: {e}") from None
@@ -142,6 +179,12 @@ class SentencePieceDecoder:
 
     def is_unknown(self, i: int) -> bool:
         return self.kind(i) == UNKNOWN
+
+    def encode(self, text: str) -> list[int]:
+        """text -> ids as sentencepiece's `encode` (used for hotwords; see spm_encode)."""
+        from .spm_encode import encode
+
+        return encode(self, text)
 
     def decode(self, ids: list[int]) -> str:
         s = StreamingDecoder(self)

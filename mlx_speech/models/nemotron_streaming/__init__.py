@@ -14,7 +14,7 @@ from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
-from ..asr import StreamingASR, Word, load_strict, transcribe_with
+from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
 from . import batch
 from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
@@ -53,12 +53,21 @@ class NemotronStreaming(StreamingASR):
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
-    def session(self, latency_ms: int | None = None) -> Session:
+    def session(self, latency_ms: int | None = None, hotwords=None,
+                boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
+        `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
+        `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off). `logprobs`: keep
+        each token's log-probability (`result().logprobs`, `lp.take()`).
         """
-        return Session(self, latency_ms)
+        return Session(self, latency_ms, hotwords, boost, logprobs)
+
+    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+        """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
+        return make_booster(self, hotwords, boost, self.config.blank_id,
+                            lambda p: [self.tokenizer.encode(p)])
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
         mels = [s.mel.feed(x) for s, x in zip(sessions, audios, strict=True)]
@@ -78,12 +87,15 @@ class NemotronStreaming(StreamingASR):
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
-                   progress: Callable[[float, float], None] | None = None) -> Transcript:
+                   progress: Callable[[float, float], None] | None = None,
+                   hotwords=None, boost: float = DEFAULT_BOOST,
+                   logprobs: bool = False) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session in the same latency mode, any chunking.
         """
-        return transcribe_with(self.session(latency_ms), audio, sample_rate, progress)
+        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs), audio,
+                               sample_rate, progress)
 
 
 def check_latency_ms(latency_ms: int) -> None:
@@ -97,7 +109,14 @@ def check_latency_ms(latency_ms: int) -> None:
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     for name in TOKENIZER_FILES:
         if (folder / name).exists():
-            return SentencePieceDecoder.from_file(folder / name)
+            tk = SentencePieceDecoder.from_file(folder / name)
+            spm = folder / "tokenizer.model"
+            if name != "tokenizer.model" and spm.exists():
+                # hotwords are encoded exactly as sentencepiece does with the .model's scores
+                exact = SentencePieceDecoder.from_file(spm)
+                if [p for p, _ in exact.pieces] == [p for p, _ in tk.pieces[:len(exact)]]:
+                    tk.encoding = exact.encoding
+            return tk
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 

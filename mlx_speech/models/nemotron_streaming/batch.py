@@ -12,12 +12,14 @@ session is a batch of one (the same code).
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 
 from ...nn import ConvCache
+from ...nn import boost as _boost
 from .encoder import ContextKVCache, EncoderState, StridedConvCache
 from .transducer import DecoderState, Model
 
@@ -141,7 +143,8 @@ def _split_decoder(b: DecoderState, states: list[DecoderState]) -> list[DecoderS
             for i in range(len(states))]
 
 
-def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
+def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=None,
+                  logprobs: list[list[float]] | None = None,
                   ) -> tuple[list[list[int]], list[list[int]], DecoderState]:
     """Frame-synchronous RNN-T greedy over projected encoder frames (B, T, dim).
 
@@ -149,6 +152,10 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
     then move on; the predictor advances only on emissions (rows without one keep
     their state). Each round is one joint call over every row's remaining frames,
     so blank runs cost no extra syncs and syncs scale with tokens, not frames.
+    `boosters`: per row a phrase-boosting walk or None (NeMo's GPU-PB fusion: the bias
+    of the row's graph state moves the non-blank choice; advanced with each emission).
+    `logprobs`: per row a list that gets each emitted token's log-probability (the joint's
+    log-softmax, blank included), read with the tokens (no extra sync); None: not computed.
     Returns per row (tokens, frame index of each) and the new state.
     """
     c = model.config
@@ -160,7 +167,14 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
     n = np.zeros(B, np.int64)  # symbols emitted at that frame so far
     while t.min() < T:
         t0 = int(t.min())
-        ks = np.array(mx.argmax(model.joint(frames[:, t0:], state.g[:, None]), axis=-1))
+        bias = _boost.bias(boosters, blank) if boosters else None
+        logits = model.joint(frames[:, t0:], state.g[:, None])
+        ks = _boost.greedy_transducer(logits, bias, blank)
+        if logprobs is not None:
+            lp = _boost.chosen_logprob(logits, ks)
+            mx.eval(ks, lp)
+            lp = np.array(lp)
+        ks = np.array(ks)
         emit = np.full(B, blank, np.int64)
         for b in range(B):
             if t[b] >= T:
@@ -176,6 +190,10 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState,
             t[b], emit[b] = f, row[hit[0]]
             tokens[b].append(int(emit[b]))
             where[b].append(int(f))
+            if boosters and boosters[b] is not None:
+                boosters[b].advance(int(emit[b]))
+            if logprobs is not None:
+                logprobs[b].append(float(lp[b, f - t0]))
             n[b] += 1
         on = emit != blank
         if not on.any():
@@ -208,12 +226,18 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
     if x.shape[1] == 0:
         return [""] * n
     dec_in = [s.dec_state for s in group] + [group[0].dec_state] * pad
-    toks, where, dec = greedy_decode(m, x, _stack_decoder(dec_in))
+    boosters = [s.booster for s in group] + [copy.copy(group[0].booster)] * pad
+    lps = [[] for _ in range(n + pad)] if any(s.lp is not None for s in group) else None
+    toks, where, dec = greedy_decode(m, x, _stack_decoder(dec_in),
+                                     boosters if any(boosters) else None, lps)
     toks, where = toks[:n], where[:n]
     out = []
     for s, tk, wh, d in zip(group, toks, where, _split_decoder(dec, [s.dec_state for s in group]),
                             strict=True):
         s.dec_state = d
+        if s.lp is not None:
+            for k, v in zip(tk, lps[len(out)], strict=True):
+                s.lp.add(k, v)
         s.token_ids += tk
         s.frames += [s.n_frames + w for w in wh]
         s.n_frames += x.shape[1]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...text.spm import StreamingDecoder
 from .. import asr
-from ..asr import Word, drain_cut, group_words
+from ..asr import DEFAULT_BOOST, TokenLogprobs, Word, drain_cut, group_words
 from .config import FRAME_MS
 from .features import StreamingNemoLogMel
 
@@ -37,8 +37,11 @@ class Session:
     the predictor all carry exact state. Work per chunk is bounded.
     """
 
-    def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None):
+    def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None,
+                 hotwords=None, boost: float = DEFAULT_BOOST, logprobs: bool = False):
         self.owner, self.model = owner, owner.model
+        self.lp = TokenLogprobs() if logprobs else None  # the joint's log-softmax per token
+        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
         cfg = owner.config
         self.right_context = cfg.right_context(latency_ms)
         self.latency_ms = (self.right_context + 1) * FRAME_MS
@@ -69,7 +72,9 @@ class Session:
         tk = self.owner.tokenizer
         return Transcript(tk.decode(self.token_ids), list(self.token_ids),
                           words_from_tokens(self.token_ids, self.frames, tk),
-                          [f * FRAME_MS / 1000 for f in self.frames], list(self.frames))
+                          [f * FRAME_MS / 1000 for f in self.frames],
+                          None if self.lp is None else list(self.lp.values),
+                          frames=list(self.frames))
 
     def drain(self) -> Transcript:
         """The transcript decoded so far, then forgotten, so a session that runs for days
@@ -80,6 +85,10 @@ class Session:
         cut = drain_cut(self.token_ids, tk.token_bytes)
         ids, frames = self.token_ids[:cut], self.frames[:cut]
         del self.token_ids[:cut], self.frames[:cut]
+        lps = None
+        if self.lp is not None:
+            lps = self.lp.values[:cut]
+            del self.lp.values[:cut]
         text = b"".join(tk.token_bytes(t) for t in ids).decode("utf-8", "replace")
         return Transcript(text, ids, words_from_tokens(ids, frames, tk),
-                          [f * FRAME_MS / 1000 for f in frames], frames)
+                          [f * FRAME_MS / 1000 for f in frames], lps, frames=frames)

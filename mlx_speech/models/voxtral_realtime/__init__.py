@@ -14,7 +14,15 @@ from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
 from ...text.tekken import Tekken
-from ..asr import StreamingASR, Transcript, Word, load_strict, transcribe_with
+from ..asr import (
+    DEFAULT_BOOST,
+    StreamingASR,
+    Transcript,
+    Word,
+    load_strict,
+    make_booster,
+    transcribe_with,
+)
 from . import batch
 from .config import VoxtralRealtimeConfig
 from .model import Model
@@ -49,12 +57,23 @@ class VoxtralRealtime(StreamingASR):
     def sample_rate(self) -> int:
         return self.config.audio.sample_rate
 
-    def session(self, latency_ms: int | None = None, *, delay_ms: int | None = None) -> Session:
+    def session(self, latency_ms: int | None = None, hotwords=None,
+                boost: float = DEFAULT_BOOST, logprobs: bool = False, *,
+                delay_ms: int | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms`: the transcription delay, a multiple of 80 ms (None: the model's default);
-        `delay_ms` is its older name."""
-        return Session(self, _latency(latency_ms, delay_ms))
+        `delay_ms` is its older name. `hotwords`: phrases to boost (a list, or one
+        comma-separated string) with weight `boost` (a context graph over their Tekken ids; 0:
+        off). `logprobs`: keep each token's log-probability (`result().logprobs`, `lp.take()`)."""
+        return Session(self, _latency(latency_ms, delay_ms), hotwords, boost, logprobs)
+
+    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+        """A phrase-boosting walk over each phrase's Tekken ids after a space and at the
+        start of the text; special tokens (pads, word markers) leave its state alone."""
+        tk = self.tokenizer
+        return make_booster(self, hotwords, boost, self.config.decoder.vocab_size,
+                            lambda p: [tk.encode(" " + p), tk.encode(p)], tk.is_special)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
         return batch.feed_batch(self, sessions, audios)
@@ -64,15 +83,16 @@ class VoxtralRealtime(StreamingASR):
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
-                   progress: Callable[[float, float], None] | None = None, *,
-                   delay_ms: int | None = None) -> Transcript:
+                   progress: Callable[[float, float], None] | None = None,
+                   hotwords=None, boost: float = DEFAULT_BOOST,
+                   logprobs: bool = False, *, delay_ms: int | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session with any chunking; `progress(done_s,
         total_s)` is called every few seconds of audio.
         """
-        return transcribe_with(self.session(_latency(latency_ms, delay_ms)), audio,
-                               sample_rate, progress)
+        return transcribe_with(self.session(_latency(latency_ms, delay_ms), hotwords, boost,
+                                            logprobs), audio, sample_rate, progress)
 
 
 def check_latency_ms(latency_ms: int) -> None:

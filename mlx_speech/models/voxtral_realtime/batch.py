@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...nn import ConvCache, RingBatch, stack_rows
+from ...nn import boost as _boost
 from .config import MEL_PER_TOKEN
 from .model import EncoderState
 
@@ -74,16 +75,39 @@ def _scales(owner: VoxtralRealtime, group: list[Session]) -> list[mx.array]:
     return cache[key]
 
 
-def _read(rows: list[Session]) -> list[int]:
-    """The unread token of each row: one host read per batched array."""
-    lists: dict[int, list[int]] = {}
+def _read(rows: list[Session], k: int = 0) -> list:
+    """The unread token (k=1: its logprob, None when not computed) of each row: one host
+    read per batched array."""
+    lists: dict[int, list] = {}
     out = []
     for s in rows:
-        a, i = s._unread
-        if id(a) not in lists:
+        a, i = s._unread[k], s._unread[-1]
+        if a is not None and id(a) not in lists:
             lists[id(a)] = a.tolist()
-        out.append(lists[id(a)][i])
+        out.append(None if a is None else lists[id(a)][i])
     return out
+
+
+def _read_emit(rows: list[Session], out: dict[int, list[str]]) -> None:
+    unread = [s for s in rows if s._unread is not None]
+    for s, tok, lp in zip(unread, _read(unread), _read(unread, 1), strict=True):
+        out[id(s)].append(s._emit(tok, lp))
+        s._unread = None
+
+
+def _choose(rows: list[Session], logits: mx.array, bias: mx.array | None):
+    """The greedy tokens (phrase bias applied) and, when a row asked, their logprobs (the
+    model's own log-softmax); both evaluated asynchronously."""
+    tok = _boost.greedy(logits, bias)
+    lp = _boost.chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
+    mx.async_eval(tok, *([] if lp is None else [lp]))
+    return tok, lp
+
+
+def _bias(rows: list[Session], h: mx.array) -> mx.array | None:
+    """Each row's phrase-boosting bias (None: no row boosts)."""
+    return _boost.bias([s.booster for s in rows], rows[0].owner.config.decoder.vocab_size,
+                       h.dtype)
 
 
 def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -> list[str]:
@@ -101,10 +125,9 @@ def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -
         caches = [RingBatch.gather([s.dec_cache[j] for s in g]) for j in range(len(m.layers))]
         h = m.hidden(mx.array([s.prompt for s in g]), x, _scales(owner, g), caches)
         # only the last prompt position needs the (vocab-sized) head
-        last = mx.argmax(m.logits(h[:, -1]), axis=-1)
-        mx.async_eval(last)
+        last, lp = _choose(g, m.logits(h[:, -1]), _bias(g, h))
         for i, s in enumerate(g):
-            s._last = s._unread = (last, i)
+            s._last, s._unread = (last, i), (last, lp, i)
             s.position = P
     while True:
         rows = [s for s in sessions if s._last is not None and not s.done
@@ -116,20 +139,21 @@ def decode(owner: VoxtralRealtime, sessions: list[Session], limits: list[int]) -
         a = a[0] if len(a) == 1 else mx.concatenate(a)
         caches = [RingBatch.gather([s.dec_cache[j] for s in rows]) for j in range(len(m.layers))]
         h = m.hidden(tokens[:, None], a, _scales(owner, rows), caches)
-        nxt = mx.argmax(m.logits(h[:, -1]), axis=-1)
-        mx.async_eval(nxt)  # step p+1 runs while step p's tokens are read
-        unread = [s for s in rows if s._unread is not None]
-        for s, tok in zip(unread, _read(unread), strict=True):
-            out[id(s)].append(s._emit(tok))
+        logits = m.logits(h[:, -1])
+        boosted = any(s.booster for s in rows)
+        if boosted:  # the phrase bias needs step p's tokens: read them first
+            mx.async_eval(logits)
+            _read_emit(rows, out)
+        # step p+1 runs while step p's tokens are read
+        nxt, lp = _choose(rows, logits, _bias(rows, h) if boosted else None)
+        _read_emit(rows, out)
         for i, s in enumerate(rows):
             s.position += 1
-            s._last = s._unread = (nxt, i)
+            s._last, s._unread = (nxt, i), (nxt, lp, i)
         owner._steps += 1
         if owner._steps % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
-    unread = [s for s in sessions if s._unread is not None and not s.done]
-    for s, tok in zip(unread, _read(unread), strict=True):
-        out[id(s)].append(s._emit(tok))
+    _read_emit([s for s in sessions if not s.done], out)
     for s in sessions:
         s._unread = None
     return ["".join(out[id(s)]) for s in sessions]

@@ -10,7 +10,7 @@ import numpy as np
 from ...audio.mel import LogMel, StreamingLogMel
 from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
-from ..asr import Transcript, Word, drain_cut, group_words
+from ..asr import DEFAULT_BOOST, TokenLogprobs, Transcript, Word, drain_cut, group_words
 from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
 
 if TYPE_CHECKING:
@@ -38,8 +38,11 @@ class Session:
     chunk is bounded (ring KV caches, conv tails, consumed audio dropped).
     """
 
-    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None):
+    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None, hotwords=None,
+                 boost: float = DEFAULT_BOOST, logprobs: bool = False):
         cfg = owner.config
+        self.lp = TokenLogprobs() if logprobs else None  # log-softmax of each token
+        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
         self.owner, self.model, self.tokenizer = owner, owner.model, owner.tokenizer
         a = cfg.audio
         self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
@@ -70,7 +73,7 @@ class Session:
         # (batched array, row) refs: the last generated token (next input), and the
         # generated token not yet read into token_ids
         self._last: tuple[mx.array, int] | None = None
-        self._unread: tuple[mx.array, int] | None = None
+        self._unread: tuple[mx.array, mx.array | None, int] | None = None  # token, logprob
         self.token_ids: list[int] = []  # since the last drain()
         self._drained = 0  # tokens drain() released
         self.n_samples = 0
@@ -108,8 +111,12 @@ class Session:
         return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=1)
 
     # -- text side ----------------------------------------------------------
-    def _emit(self, tok: int) -> str:
+    def _emit(self, tok: int, lp: float | None = None) -> str:
         self.token_ids.append(tok)
+        if self.lp is not None:
+            self.lp.add(tok, lp)
+        if self.booster is not None:
+            self.booster.advance(tok)
         if tok == self.eos:
             self.done = True
             return ""
@@ -152,7 +159,8 @@ class Session:
 
     def result(self) -> Transcript:
         """Everything decoded (since the last `drain`): text, ids, words, token times."""
-        return self._transcript(self.token_ids, self._drained, strip=True)
+        lps = None if self.lp is None else list(self.lp.values)
+        return self._transcript(self.token_ids, self._drained, strip=True, lps=lps)
 
     def drain(self) -> Transcript:
         """The transcript decoded so far, then forgotten, so a session that runs for days
@@ -163,13 +171,17 @@ class Session:
         ids, first = self.token_ids[:cut], self._drained
         del self.token_ids[:cut]
         self._drained += cut
-        return self._transcript(ids, first, strip=False)
+        lps = None
+        if self.lp is not None:
+            lps = self.lp.values[:cut]
+            del self.lp.values[:cut]
+        return self._transcript(ids, first, strip=False, lps=lps)
 
-    def _transcript(self, ids: list[int], first: int, strip: bool) -> Transcript:
+    def _transcript(self, ids: list[int], first: int, strip: bool, lps=None) -> Transcript:
         text = self.tokenizer.decode(ids)
         return Transcript(text.strip() if strip else text, list(ids),
                           words_from_tokens(ids, self.tokenizer, self.word, first),
-                          [(first + k) * FRAME_MS / 1000 for k in range(len(ids))])
+                          [(first + k) * FRAME_MS / 1000 for k in range(len(ids))], lps)
 
 
 def words_from_tokens(ids: list[int], tokenizer, word_id: int, first: int = 0) -> list[Word]:

@@ -100,6 +100,7 @@ function startLive(model, el, onEnd) {
       case "conversation.item.input_audio_transcription.completed":
         turn.textContent = ev.transcript;
         if (ev.speaker) markSpeaker(turn, ev.speaker);
+        shadeWords(turn, ev.words, ev.logprobs);
         finish();
         break;
       case "error":
@@ -143,8 +144,9 @@ function startLive(model, el, onEnd) {
         type: "session.update",
         session: {
           type: "transcription",
+          include: ["item.input_audio_transcription.logprobs"],
           audio: { input: { format: { type: "audio/pcm", rate: ctx.sampleRate },
-                            transcription: { model: model.id, ...(model.diarize ? { diarize: true } : {}) },
+                            transcription: { model: model.id, ...vocabulary(el), ...(model.diarize ? { diarize: true } : {}) },
                             turn_detection: null } },
         },
       }));
@@ -176,6 +178,56 @@ function startLive(model, el, onEnd) {
   })();
 
   return { stop };
+}
+
+/** The vocabulary box: { hotwords, boost } for the server, or {} when it is empty. */
+function vocabulary(el) {
+  const hotwords = el.vocab.value.trim();
+  if (!hotwords) return {};
+  const boost = Number(el.boost.value);
+  return { hotwords, boost: Number.isFinite(boost) && boost >= 0 ? boost : 1 };
+}
+
+export const LOW_CONFIDENCE = 0.5; // a word whose least likely token is below this is shaded
+
+/** Per word of the token logprobs ({token, logprob}): its text and least likely token's
+ * probability. A word starts at a token with a leading space (as the server groups words). */
+export function wordConfidences(logprobs) {
+  const out = [];
+  let cur = null;
+  for (const t of logprobs) {
+    if (cur && cur.text.trim() && /^\s/.test(t.token)) {
+      out.push(cur);
+      cur = null;
+    }
+    if (!cur) cur = { text: "", lp: 0 };
+    cur.text += t.token;
+    cur.lp = Math.min(cur.lp, t.logprob);
+  }
+  if (cur && cur.text.trim()) out.push(cur);
+  return out.map((w) => ({ text: w.text.trim(), p: Math.exp(w.lp) }));
+}
+
+/** Wrap the turn's words in spans, shading the unsure ones; the text stays as it is. */
+function shadeWords(turn, words, logprobs) {
+  if (!words || !logprobs) return;
+  const conf = wordConfidences(logprobs);
+  if (conf.length !== words.length) return; // tokens and words disagree: leave it plain
+  const text = turn.textContent;
+  turn.textContent = "";
+  let at = 0;
+  words.forEach((w, i) => {
+    const k = text.indexOf(w.word, at);
+    if (k < 0) return;
+    if (k > at) turn.append(text.slice(at, k));
+    const s = document.createElement("span");
+    s.className = conf[i].p < LOW_CONFIDENCE ? "word low" : "word";
+    s.textContent = w.word;
+    s.title = `${w.start.toFixed(2)}–${w.end.toFixed(2)} s, confidence ${Math.round(conf[i].p * 100)} %`;
+    turn.append(s);
+    at = k + w.word.length;
+  });
+  if (at < text.length) turn.append(text.slice(at));
 }
 
 // ---------------------------------------------------------------- file
@@ -221,6 +273,11 @@ function fileTranscription(model, el) {
     f.append("response_format", format);
     if (stream) f.append("stream", "true");
     f.append("timestamp_granularities[]", "word");
+    const v = vocabulary(el);
+    if (v.hotwords) {
+      f.append("hotwords", v.hotwords);
+      f.append("boost", String(v.boost));
+    }
     return f;
   }
 
