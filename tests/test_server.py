@@ -550,11 +550,11 @@ def test_command_line(monkeypatch, capsys, tmp_path):
         seen[path] = kw
         return nm
 
-    def fake_run(app, host, port, **kw):
-        seen["bind"] = (host, port)
+    def fake_run(server, *a, **kw):  # uvicorn.Server.run: uvicorn.run's too
+        seen["bind"] = (server.config.host, server.config.port)
 
     monkeypatch.setattr(mlx_speech, "load", fake_load)
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
     assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "8123"]) == 0
     assert seen["a/b"] == {"quantize": 4} and seen["bind"] == ("127.0.0.1", 8123)
     assert "warning" not in capsys.readouterr().err

@@ -33,11 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY) on HTTP and "
-                                     "WebSocket requests")
+                                     "WebSocket requests (also: --api-key-file, or the "
+                                     "MLX_SPEECH_API_KEY environment variable, unseen by ps)")
+    p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
+    p.add_argument("--allowed-host", action="append", default=[],
+                   help="a host name clients may use to reach the server (repeatable; IP "
+                        "addresses and localhost always work; others are refused against DNS "
+                        "rebinding)")
+    p.add_argument("--voices", metavar="DIR",
+                   help="a folder of voice files clients may name (by file name) on /api/chat")
+    p.add_argument("--max-sessions", type=int,
+                   help="live realtime + chat sessions at once (default 64, 8 with a "
+                        "full-duplex model); past it a WebSocket is closed with 1013")
+    p.add_argument("--max-connections-per-ip", type=int, default=32,
+                   help="concurrent requests and WebSockets from one address (default 32); "
+                        "past it 503 / 1013")
     p.add_argument("--max-upload-mb", type=float, default=200.0,
                    help="largest request body in MB (default 200); larger is a 413")
     p.add_argument("--max-buffer-s", type=float, default=60.0,
@@ -93,7 +107,9 @@ def load_server_vad(path: str | None):
 def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
-             vad=None):
+             vad=None, host: str = "127.0.0.1", allowed_hosts: list[str] | None = None,
+             voices_dir: str | None = None, max_sessions: int | None = None,
+             max_per_ip: int = 32):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
 
     `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
@@ -105,7 +121,9 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
     engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
     served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
-                    idle_timeout_s, vad=vad)
+                    idle_timeout_s, vad=vad, bind_host=host,
+                    allowed_hosts=list(allowed_hosts or []), voices_dir=voices_dir,
+                    max_sessions=max_sessions, max_per_ip=max_per_ip)
     return create_app(served), engine
 
 
@@ -114,8 +132,11 @@ def _run(args) -> None:
         import fastapi  # noqa: F401
         import python_multipart  # noqa: F401  (FastAPI's form parser, for uploads)
         import sphn  # noqa: F401  (Opus)
-        import uvicorn
+        import uvicorn  # noqa: F401
         import websockets  # noqa: F401  (uvicorn's WebSocket protocol)
+    from .security import resolve_api_key
+
+    args.api_key = resolve_api_key(args.api_key, args.api_key_file)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
@@ -124,13 +145,18 @@ def _run(args) -> None:
     app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
                            max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
                            max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
-                           batch=not args.no_batch, vad=vad)
+                           batch=not args.no_batch, vad=vad, host=args.host,
+                           allowed_hosts=args.allowed_host, voices_dir=args.voices,
+                           max_sessions=args.max_sessions,
+                           max_per_ip=args.max_connections_per_ip)
     shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
     log(f"the page: http://{shown}:{args.port}/")
+    from .limits import make_server
+
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        make_server(app, engine, args.host, args.port).run()
     finally:
-        engine.stop()
+        engine.stop(timeout=5.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,203 @@
+"""Limits with polite refusals, work that stops with its client, and a shutdown that exits.
+
+- `Limits`: concurrent sessions (realtime + chat WebSockets) and connections per client IP.
+  Past a limit a WebSocket is accepted and closed with 1013 (try again later) and a reason,
+  an HTTP request answered 503 with `Retry-After`.
+- `HeaderTimeoutH11`: uvicorn's h11 protocol with a deadline on each request's headers (a
+  client that sends them a byte at a time is cut; uvicorn itself waits forever).
+- `while_connected`: a non-streamed request's wait, cancelled when its client leaves.
+- `Server`: uvicorn's server that, on SIGTERM/SIGINT, fails every engine job at once so
+  pending requests answer and the process exits within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+
+log = logging.getLogger("mlx_speech.server")
+
+SESSION_PATHS = ("/v1/realtime", "/api/chat")
+RETRY_AFTER_S = 5
+DEFAULT_MAX_PER_IP = 32
+HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5.0
+GRACEFUL_S = 3.0
+TRY_AGAIN_LATER = 1013
+
+
+def default_max_sessions(models: dict) -> int:
+    """64 live sessions, or 8 when a full-duplex model is served: each conversation holds
+    its own KV cache of a 7B model (about 0.5 GB at a 3000-step context) and is stepped every
+    80 ms, so a machine that holds the weights holds a few of them, not dozens. Transcription
+    sessions are small (a streaming encoder's cache) and batched into shared steps."""
+    from .common import model_kind
+
+    kinds = set()
+    for m in models.values():
+        with contextlib.suppress(ValueError):
+            kinds.add(model_kind(m))
+    return 8 if "duplex" in kinds else 64
+
+
+def _client_ip(scope) -> str:
+    c = scope.get("client")
+    return c[0] if c else "?"
+
+
+async def refuse_ws(scope, receive, send, code: int, reason: str) -> None:
+    """Accept, then close with `code` and `reason` (a close before accepting is a bare 403
+    that says nothing to the client). The subprotocol is answered as the route would."""
+    from .common import KEY_SUBPROTOCOL
+
+    msg = await receive()
+    if msg["type"] != "websocket.connect":
+        return
+    offered = [p for p in scope.get("subprotocols") or [] if not p.startswith(KEY_SUBPROTOCOL)]
+    await send({"type": "websocket.accept", "subprotocol": offered[0] if offered else None})
+    await send({"type": "websocket.close", "code": code, "reason": reason[:120]})
+
+
+async def send_json(send, status: int, body: dict, headers=()) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _busy(message: str, code: str) -> dict:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+
+
+class Limits:
+    """Pure ASGI middleware: live sessions and per-IP connections, counted while they run."""
+
+    def __init__(self, app, max_sessions: int, max_per_ip: int):
+        self.app = app
+        self.max_sessions, self.max_per_ip = max_sessions, max_per_ip
+        self.sessions = 0
+        self.per_ip: collections.Counter = collections.Counter()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        ip = _client_ip(scope)
+        ws = scope["type"] == "websocket"
+        session = ws and scope["path"] in SESSION_PATHS
+        why = None
+        if self.per_ip[ip] >= self.max_per_ip:
+            why = (f"too many connections from this address (limit {self.max_per_ip}); "
+                   "try again later", "too_many_connections")
+        elif session and self.sessions >= self.max_sessions:
+            why = (f"the server is at its limit of {self.max_sessions} live sessions; try "
+                   "again later", "server_busy")
+        if why is not None:
+            if ws:
+                return await refuse_ws(scope, receive, send, TRY_AGAIN_LATER, why[0])
+            return await send_json(send, 503, _busy(*why),
+                                   [(b"retry-after", str(RETRY_AFTER_S).encode())])
+        self.per_ip[ip] += 1
+        self.sessions += session
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.sessions -= session
+            self.per_ip[ip] -= 1
+            if self.per_ip[ip] <= 0:
+                del self.per_ip[ip]
+
+
+async def while_connected(request, coro):
+    """Await `coro` unless the client disconnects first; then cancel it and return None
+    (the caller's `finally` frees the engine job at once)."""
+    task = asyncio.ensure_future(coro)
+
+    async def gone():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watch.cancel()
+    if task in done:
+        return task.result()
+    with contextlib.suppress(BaseException):
+        await task
+    return None
+
+
+def header_timeout_protocol(timeout_s: float = HEADER_TIMEOUT_S):
+    """uvicorn's H11Protocol with a deadline on request headers, from the connection's
+    start and again after each response (keep-alive): a slow-header sender is cut."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        _deadline = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # the headers are in: the request runs
+
+        def handle_websocket_upgrade(self, event) -> None:
+            self._disarm()  # the WebSocket protocol takes the connection over
+            super().handle_websocket_upgrade(event)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+    return HeaderTimeoutH11
+
+
+def make_server(app, engine, host: str, port: int, *, header_timeout_s: float = HEADER_TIMEOUT_S,
+                keep_alive_s: float = KEEP_ALIVE_S, log_level: str = "info"):
+    """A uvicorn Server whose first SIGTERM/SIGINT fails every engine job (pending requests
+    answer at once, sockets close with 1012) and that stops waiting for what remains after
+    `GRACEFUL_S` seconds."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            http=header_timeout_protocol(header_timeout_s),
+                            timeout_keep_alive=keep_alive_s,
+                            timeout_graceful_shutdown=GRACEFUL_S,
+                            h11_max_incomplete_event_size=64 * 1024)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # a signal handler: no locks taken
+            engine.cancel_all("the server is shutting down")
+            super().handle_exit(sig, frame)
+
+    return Server(config)
