@@ -477,6 +477,24 @@ def test_7_limits_refuse_politely_and_slow_headers_are_cut(models):
 # ---------------------------------------------------------------- 8. the smaller points
 
 
+def test_7_default_max_sessions_from_memory(monkeypatch):
+    """Transcription only: 64. A 7B duplex model on 64 GB with 15 GB of weights: each
+    conversation's KV cache is ~1.6 GB, half the memory less the weights holds 11."""
+    from types import SimpleNamespace
+
+    from mlx_speech.server import limits
+
+    nm = mlx_speech.load(GOLDEN / "nemotron")
+    assert limits.default_max_sessions({"nm": nm}) == 64
+    big = SimpleNamespace(frame_size=1920, session=None, voices=[],
+                          config=SimpleNamespace(num_layers=32, context=3000, dim=4096))
+    monkeypatch.setattr(limits, "_physical_memory", lambda: 64 << 30)
+    monkeypatch.setattr(limits, "_weights_bytes", lambda m: 15 << 30 if m is big else 0)
+    assert limits.default_max_sessions({"nm": nm, "moshi": big}) == 11
+    monkeypatch.setattr(limits, "_physical_memory", lambda: 16 << 30)
+    assert limits.default_max_sessions({"moshi": big}) == 1
+
+
 def test_8_health_key_sources_and_refusals_that_say_why(models, monkeypatch, tmp_path):
     """Old: /health listed the --model strings (local paths) to anyone; the key could only be
     given in argv; the key subprotocol was echoed back when it was the only one offered; a

@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voices", metavar="DIR",
                    help="a folder of voice files clients may name (by file name) on /api/chat")
     p.add_argument("--max-sessions", type=int,
-                   help="live realtime + chat sessions at once (default 64, 8 with a "
-                        "full-duplex model); past it a WebSocket is closed with 1013")
+                   help="live realtime + chat sessions at once (default 64; with a "
+                        "full-duplex model, the conversations whose KV caches fit in half the "
+                        "memory left after the weights); past it a WebSocket is closed with 1013")
     p.add_argument("--max-connections-per-ip", type=int, default=32,
                    help="concurrent requests and WebSockets from one address (default 32); "
                         "past it 503 / 1013")

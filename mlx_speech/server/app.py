@@ -236,7 +236,10 @@ def create_app(served: Served) -> FastAPI:
             return Response(status_code=499)
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
-            breaks = await _pause_breaks(served, audio, model.sample_rate)
+            breaks = await while_connected(request, _pause_breaks(served, audio,
+                                                                  model.sample_rate))
+            if breaks is None:
+                return Response(status_code=499)
         return _transcript_response(fmt, result, seconds, "word" in grans, breaks)
 
     # -- POST /v1/audio/speech -------------------------------------------------------
@@ -428,18 +431,21 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
     if rate != 16000:
         return []
     q: asyncio.Queue = asyncio.Queue()
-    served.engine.open_speech(
+    job = served.engine.open_speech(
         lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
         AsyncSink(q, asyncio.get_running_loop()))
     breaks = []
-    while True:
-        ev = await q.get()
-        if ev[0] == "audio":
-            breaks = ev[1]
-        elif ev[0] == "done":
-            return breaks or []
-        else:
-            raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "audio":
+                breaks = ev[1]
+            elif ev[0] == "done":
+                return breaks or []
+            else:
+                raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+    finally:
+        job.close()  # the client gone: dropped at the engine's next step
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=()):

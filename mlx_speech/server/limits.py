@@ -17,6 +17,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 
 log = logging.getLogger("mlx_speech.server")
 
@@ -29,18 +30,54 @@ GRACEFUL_S = 3.0
 TRY_AGAIN_LATER = 1013
 
 
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _weights_bytes(model) -> int:
+    from mlx.utils import tree_flatten
+
+    mods = [getattr(model, n) for n in ("lm", "mimi", "model") if hasattr(model, n)]
+    return sum(v.nbytes for m in mods if hasattr(m, "parameters")
+               for _, v in tree_flatten(m.parameters()))
+
+
+def duplex_session_bytes(model) -> int:
+    """A conversation's memory: its LM's KV cache (keys and values of every layer over the
+    whole context, 16-bit), plus ~64 MB of Mimi state and buffers."""
+    c = model.config
+    return 2 * c.num_layers * (c.context or 3000) * c.dim * 2 + (64 << 20)
+
+
 def default_max_sessions(models: dict) -> int:
-    """64 live sessions, or 8 when a full-duplex model is served: each conversation holds
-    its own KV cache of a 7B model (about 0.5 GB at a 3000-step context) and is stepped every
-    80 ms, so a machine that holds the weights holds a few of them, not dozens. Transcription
-    sessions are small (a streaming encoder's cache) and batched into shared steps."""
+    """64 live sessions (transcription sessions are small, a streaming encoder's cache, and
+    batched into shared steps); with a full-duplex model, as many conversations as half the
+    machine's memory holds after the weights (each has its own KV cache: ~1.6 GB for a 7B
+    Moshi at its 3000-step context), between 1 and 64."""
     from .common import model_kind
 
-    kinds = set()
-    for m in models.values():
-        with contextlib.suppress(ValueError):
-            kinds.add(model_kind(m))
-    return 8 if "duplex" in kinds else 64
+    duplex = [m for m in models.values() if _kind(model_kind, m) == "duplex"]
+    if not duplex:
+        return 64
+    try:
+        ram = _physical_memory()
+        if ram is None:
+            return 8
+        weights = sum(_weights_bytes(m) for m in models.values())
+        per = max(duplex_session_bytes(m) for m in duplex)
+        return int(min(64, max(1, (ram // 2 - weights) // per)))
+    except Exception:  # a model without the expected config: a fixed guess
+        return 8
+
+
+def _kind(model_kind, m) -> str | None:
+    try:
+        return model_kind(m)
+    except ValueError:
+        return None
 
 
 def _client_ip(scope) -> str:
