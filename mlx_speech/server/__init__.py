@@ -1,8 +1,9 @@
 """mlx_speech.server: serve speech models over OpenAI's, vLLM's and Kyutai's protocols.
 
     mlx_speech.server --model mistralai/Voxtral-Mini-4B-Realtime-2602 [--model ...]
-        [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--quantize N]
-        [--allowed-origin https://app.example]
+        [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file PATH] [--quantize N]
+        [--allowed-origin https://app.example] [--allowed-host speech.lan] [--voices DIR]
+        [--max-sessions N] [--max-connections-per-ip N]
 
 A page for trying every served model in a browser is at http://HOST:PORT/ .
 Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
@@ -10,10 +11,13 @@ Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
 WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
 transcription streams of one model are batched into shared steps.
 
-Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
-handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
---allowed-origin origins (default: loopback pages only). Needs the `server` extra
-(fastapi, uvicorn, python-multipart, websockets, sphn).
+Binds 127.0.0.1 unless told otherwise. --api-key (or --api-key-file, or the
+MLX_SPEECH_API_KEY environment variable) is checked on HTTP and on WebSocket handshakes
+(Authorization: Bearer KEY). Browser requests and WebSockets are accepted only from this
+server's own page and --allowed-origin origins (default: loopback pages only), and only with
+a Host that is an IP address, localhost or an --allowed-host name (DNS rebinding). Limits and
+refusals: docs/server.md. Needs the `server` extra (fastapi, uvicorn, python-multipart,
+websockets, sphn).
 """
 
 from __future__ import annotations
@@ -141,6 +145,9 @@ def _run(args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allowed_host:
+        log("note: clients that reach this server by a host name (not an IP address) need "
+            "--allowed-host NAME (DNS rebinding defence)")
     models = load_models(args.model, args.quantize)
     vad = None if args.no_vad else load_server_vad(args.vad)
     app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,

@@ -83,7 +83,13 @@ class _Connection:
             if tag == "local":
                 await self.ws.send_text(json.dumps(ev))
                 continue
-            for out in self.engine_event(tag, ev):
+            try:
+                outs = self.engine_event(tag, ev)
+            except Exception as e:  # a bug: the client hears of it, the socket carries on
+                log.exception("realtime engine event %r failed", ev[0])
+                outs = [{"type": "error", "error": f"internal error ({type(e).__name__})",
+                         "code": "server_error"}]
+            for out in outs:
                 await self.ws.send_text(json.dumps(out))
 
     async def run(self) -> None:
