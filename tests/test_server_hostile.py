@@ -425,7 +425,20 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
 # ---------------------------------------------------------------- 7. connection limits
 
 
-def test_7_limits_refuse_politely_and_slow_headers_are_cut(models):
+def limits_of(app):
+    """The Limits middleware in a built app's stack."""
+    from mlx_speech.server.limits import Limits
+
+    m = app.middleware_stack
+    while not isinstance(m, Limits):
+        m = m.app
+    return m
+
+
+def test_7_limits_refuse_politely_and_slow_headers_are_cut(models, monkeypatch):
+    from mlx_speech.server import limits
+
+
     """Old: 2000 idle WebSockets were accepted and a slow header sender was never timed out.
     Now past --max-sessions a WebSocket is closed with 1013 and a reason, past the per-IP cap
     REST answers 503 with Retry-After, and headers must arrive within the deadline."""
@@ -471,6 +484,19 @@ def test_7_limits_refuse_politely_and_slow_headers_are_cut(models):
                 break
         sock.close()
         assert cut and time.time() - t0 < 5.0
+        # a body that stalls is given up after BODY_IDLE_S: its connection slot is freed
+        monkeypatch.setattr(limits, "BODY_IDLE_S", 1.0)
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 100\r\n\r\n{")
+        t0 = time.time()
+        while not limits_of(s.app).per_ip:  # the request is in
+            assert time.time() - t0 < 5.0
+            time.sleep(0.01)
+        while limits_of(s.app).per_ip:
+            assert time.time() - t0 < 5.0, "a stalled body holds its slot"
+            time.sleep(0.05)
+        sock.close()
         assert_healthy(s, models)
 
 

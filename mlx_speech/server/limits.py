@@ -25,6 +25,7 @@ SESSION_PATHS = ("/v1/realtime", "/api/chat")
 RETRY_AFTER_S = 5
 DEFAULT_MAX_PER_IP = 32
 HEADER_TIMEOUT_S = 10.0
+BODY_IDLE_S = 30.0  # a request body that stalls this long is given up (as a disconnect)
 KEEP_ALIVE_S = 5.0
 GRACEFUL_S = 3.0
 TRY_AGAIN_LATER = 1013
@@ -140,12 +141,33 @@ class Limits:
         self.per_ip[ip] += 1
         self.sessions += session
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive if ws else _body_deadline(receive), send)
         finally:
             self.sessions -= session
             self.per_ip[ip] -= 1
             if self.per_ip[ip] <= 0:
                 del self.per_ip[ip]
+
+
+def _body_deadline(receive):
+    """`receive` that gives up on a request body stalled for BODY_IDLE_S (a slow-body
+    sender holds a connection slot no longer); after the body, it waits as before."""
+    done = False
+
+    async def timed():
+        nonlocal done
+        if done:
+            return await receive()
+        try:
+            msg = await asyncio.wait_for(receive(), BODY_IDLE_S)
+        except asyncio.TimeoutError:
+            done = True
+            return {"type": "http.disconnect"}
+        if msg["type"] != "http.request" or not msg.get("more_body", False):
+            done = True
+        return msg
+
+    return timed
 
 
 async def while_connected(request, coro):
