@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -498,6 +499,44 @@ def test_7_limits_refuse_politely_and_slow_headers_are_cut(models, monkeypatch):
             time.sleep(0.05)
         sock.close()
         assert_healthy(s, models)
+
+
+def test_7_a_conversation_that_is_not_read_is_closed(srv, models, monkeypatch):
+    """A client that sends audio to /api/chat but never reads the answers: the server's queue
+    of answers grows without bound (0.35 MB/s of frames per conversation). Now past
+    MAX_BACKLOG frames it is told why and closed. (The client's not-reading is played by a
+    writer that takes 0.3 s per frame.)"""
+    from mlx_speech.server import kyutai, limits
+
+    monkeypatch.setattr(limits, "MAX_BACKLOG", 4)
+    encode = kyutai._Pcm16.append_pcm
+
+    def slow(self, x):
+        time.sleep(0.3)
+        return encode(self, x)
+
+    monkeypatch.setattr(kyutai._Pcm16, "append_pcm", slow)
+    F = models["moshi"].frame_size
+
+    async def talk():
+        async with websockets.connect(srv.ws + "/api/chat?model=moshi&format=pcm") as ws:
+            assert await ws.recv() == b"\x00"
+            frame = b"\x01" + pcm16(np.zeros(F, np.float32)).tobytes()
+            with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+                for _ in range(200):  # not reading meanwhile
+                    await ws.send(frame)
+                    await asyncio.sleep(0.02)
+            got = []
+            with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+                while True:
+                    got.append(await asyncio.wait_for(ws.recv(), 10))
+            return got, ws.close_code
+
+    got, code = run(talk())
+    assert got[-1] == b"\x05the client is not reading the conversation's audio; closing"
+    assert code == 1008
+    monkeypatch.undo()
+    assert_healthy(srv, models)
 
 
 # ---------------------------------------------------------------- 8. the smaller points

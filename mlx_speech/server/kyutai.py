@@ -20,6 +20,7 @@ import numpy as np
 from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from . import limits
 from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
 from .engine import BufferFull
 from .security import resolve_voice
@@ -144,6 +145,11 @@ async def _chat(ws: WebSocket, served: Served) -> None:
             data = msg.get("bytes")
             if not data:
                 continue
+            if q.qsize() > limits.MAX_BACKLOG:  # the client sends but does not read
+                await ws.send_bytes(ERROR + b"the client is not reading the conversation's "
+                                    b"audio; closing")
+                await ws.close(1008)
+                return
             if data[:1] == AUDIO:
                 try:  # decoding off the event loop
                     pcm = await asyncio.to_thread(reader.append_bytes, data[1:])

@@ -26,6 +26,7 @@ RETRY_AFTER_S = 5
 DEFAULT_MAX_PER_IP = 32
 HEADER_TIMEOUT_S = 10.0
 BODY_IDLE_S = 30.0  # a request body that stalls this long is given up (as a disconnect)
+MAX_BACKLOG = 250  # engine events (80 ms frames: 20 s) queued for a client that does not read
 KEEP_ALIVE_S = 5.0
 GRACEFUL_S = 3.0
 TRY_AGAIN_LATER = 1013
