@@ -255,6 +255,11 @@ def make_server(app, engine, host: str, port: int, *, header_timeout_s: float = 
                             timeout_graceful_shutdown=GRACEFUL_S,
                             h11_max_incomplete_event_size=64 * 1024)
 
+    # a refused WebSocket handshake is answered with an HTTP response (ASGI's denial
+    # extension), which uvicorn's websockets protocol then logs as an app error: not one
+    logging.getLogger("uvicorn.error").addFilter(
+        lambda r: r.getMessage() != "ASGI callable returned without completing handshake.")
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # a signal handler: no locks taken
             engine.cancel_all("the server is shutting down")
