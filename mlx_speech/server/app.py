@@ -8,6 +8,7 @@ import hmac
 import io
 import json
 import secrets
+import threading
 import time
 
 import numpy as np
@@ -291,9 +292,10 @@ def create_app(served: Served) -> FastAPI:
                     else {"first_frames": 128, "chunk_frames": 128})
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        gone = threading.Event()  # the client left: generation stops before the next frame
         job = served.engine.open_speech(
             lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
-                                 **chunking), AsyncSink(q, loop))
+                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop))
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if stream_format == "sse":
@@ -305,6 +307,7 @@ def create_app(served: Served) -> FastAPI:
         try:  # the client gone: the job is closed, the engine drops it at its next step
             chunks = await while_connected(request, _collect_speech(q))
         finally:
+            gone.set()
             job.close()
         if chunks is None:
             return Response(status_code=499)
