@@ -524,7 +524,7 @@ def test_command_line(monkeypatch, capsys, tmp_path):
         seen[path] = kw
         return nm
 
-    def fake_serve(app, sock):
+    def fake_serve(app, sock, engine):
         seen["bind"] = sock.getsockname()[:2]
 
     monkeypatch.setattr(mlx_speech, "load", fake_load)

@@ -1,8 +1,9 @@
 """mlx_speech.server: serve speech models over OpenAI's, vLLM's and Kyutai's protocols.
 
     mlx_speech.server --model mistralai/Voxtral-Mini-4B-Realtime-2602 [--model ...]
-        [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--quantize N]
-        [--allowed-origin https://app.example]
+        [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file PATH] [--quantize N]
+        [--allowed-origin https://app.example] [--allowed-host speech.lan] [--voices DIR]
+        [--max-sessions N] [--max-connections-per-ip N]
 
 A page for trying every served model in a browser is at http://HOST:PORT/ .
 Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
@@ -10,10 +11,13 @@ Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
 WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
 transcription streams of one model are batched into shared steps.
 
-Binds 127.0.0.1 unless told otherwise. --api-key is checked on HTTP and on WebSocket
-handshakes (Authorization: Bearer KEY). Browser WebSockets are accepted only from
---allowed-origin origins (default: loopback pages only). Needs the `server` extra
-(fastapi, uvicorn, python-multipart, websockets, sphn).
+Binds 127.0.0.1 unless told otherwise. --api-key (or --api-key-file, or the
+MLX_SPEECH_API_KEY environment variable) is checked on HTTP and on WebSocket handshakes
+(Authorization: Bearer KEY). Browser requests and WebSockets are accepted only from this
+server's own page and --allowed-origin origins (default: loopback pages only), and only with
+a Host that is an IP address, localhost or an --allowed-host name (DNS rebinding). Limits and
+refusals: docs/server.md. Needs the `server` extra (fastapi, uvicorn, python-multipart,
+websockets, sphn).
 """
 
 from __future__ import annotations
@@ -30,11 +34,26 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY) on HTTP and "
-                                     "WebSocket requests")
+                                     "WebSocket requests (also: --api-key-file, or the "
+                                     "MLX_SPEECH_API_KEY environment variable, unseen by ps)")
+    p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
+    p.add_argument("--allowed-host", action="append", default=[],
+                   help="a host name clients may use to reach the server (repeatable; IP "
+                        "addresses and localhost always work; others are refused against DNS "
+                        "rebinding)")
+    p.add_argument("--voices", metavar="DIR",
+                   help="a folder of voice files clients may name (by file name) on /api/chat")
+    p.add_argument("--max-sessions", type=int,
+                   help="live realtime + chat sessions at once (default 64; with a "
+                        "full-duplex model, the conversations whose KV caches fit in half the "
+                        "memory left after the weights); past it a WebSocket is closed with 1013")
+    p.add_argument("--max-connections-per-ip", type=int, default=32,
+                   help="concurrent requests and WebSockets from one address (default 32); "
+                        "past it 503 / 1013")
     p.add_argument("--max-upload-mb", type=float, default=200.0,
                    help="largest request body in MB (default 200); larger is a 413")
     p.add_argument("--max-buffer-s", type=float, default=60.0,
@@ -102,11 +121,13 @@ def bind(host: str, port: int):
     return sock
 
 
-def serve(app, sock) -> None:
-    """Run uvicorn on the socket `bind` made."""
-    import uvicorn
+def serve(app, sock, engine) -> None:
+    """Run uvicorn on the socket `bind` made, with the timeouts and the shutdown of
+    `limits.make_server`."""
+    from .limits import make_server
 
-    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+    host, port = sock.getsockname()[:2]
+    make_server(app, engine, host, port).run(sockets=[sock])
 
 
 def load_server_vad(path: str | None):
@@ -127,7 +148,9 @@ def load_server_vad(path: str | None):
 def make_app(models: dict[str, object], *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
-             vad=None, diarizer=None):
+             vad=None, diarizer=None, host: str = "127.0.0.1",
+             allowed_hosts: list[str] | None = None, voices_dir: str | None = None,
+             max_sessions: int | None = None, max_per_ip: int = 32):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
 
     `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
@@ -140,7 +163,9 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
 
     engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
     served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
-                    idle_timeout_s, vad=vad, diarizer=diarizer)
+                    idle_timeout_s, vad=vad, diarizer=diarizer, bind_host=host,
+                    allowed_hosts=list(allowed_hosts or []), voices_dir=voices_dir,
+                    max_sessions=max_sessions, max_per_ip=max_per_ip)
     return create_app(served), engine
 
 
@@ -151,12 +176,18 @@ def _run(args) -> None:
         import sphn  # noqa: F401  (Opus)
         import uvicorn  # noqa: F401
         import websockets  # noqa: F401  (uvicorn's WebSocket protocol)
+    from .security import resolve_api_key
+
+    args.api_key = resolve_api_key(args.api_key, args.api_key_file)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
     if len(set(args.model)) != len(args.model):
         twice = next(m for m in args.model if args.model.count(m) > 1)
         raise MlxSpeechError(f"--model {twice} is given twice")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allowed_host:
+        log("note: clients that reach this server by a host name (not an IP address) need "
+            "--allowed-host NAME (DNS rebinding defence)")
     sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket
     try:
         port = sock.getsockname()[1]
@@ -173,13 +204,16 @@ def _run(args) -> None:
                                max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
                                max_buffer_s=args.max_buffer_s,
                                idle_timeout_s=args.idle_timeout_s, batch=not args.no_batch,
-                               vad=vad, diarizer=diarizer)
+                               vad=vad, diarizer=diarizer, host=args.host,
+                               allowed_hosts=args.allowed_host, voices_dir=args.voices,
+                               max_sessions=args.max_sessions,
+                               max_per_ip=args.max_connections_per_ip)
         shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
         log(f"the page: http://{shown}:{port}/")
         try:
-            serve(app, sock)
+            serve(app, sock, engine)
         finally:
-            engine.stop()
+            engine.stop(timeout=5.0)
     finally:
         sock.close()
 

@@ -9,6 +9,7 @@ import io
 import json
 import re
 import secrets
+import threading
 import time
 
 import numpy as np
@@ -20,13 +21,17 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .engine import BufferFull
+from .limits import Limits, default_max_sessions, while_connected
+from .security import Defences
+from .validate import FILE_RATES, Invalid
+from .validate import speech_body as _check_speech
+from .validate import transcription_form as _check_form
 from .vocabulary import logprob_entries, request_vocabulary, result_logprobs, session_factory
 from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 SPEECH_FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
                   "opus": "audio/ogg", "pcm": "audio/pcm"}
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 
 def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
@@ -40,32 +45,13 @@ def _http_error(status: int, message: str, code: str | None = None, param: str |
     return HTTPException(status, error_body(message, type_, code, param))
 
 
-def _loopback_origin(origin: str) -> bool:
-    from urllib.parse import urlsplit
-
-    try:
-        u = urlsplit(origin)
-        host = u.hostname or ""
-    except ValueError:
-        return False
-    return u.scheme in ("http", "https") and (host in ("localhost", "127.0.0.1", "::1"))
-
-
 def _own_page(origin: str, host: str) -> bool:
     """A page this server served, reached by IP or localhost (the browser page at /): its
     origin is the request's own host. A host *name* could be DNS-rebound to us, so only IP
-    literals and localhost count."""
-    import ipaddress
-    from urllib.parse import urlsplit
+    literals, localhost and --allowed-host names count."""
+    from .security import own_page
 
-    try:
-        u = urlsplit(origin)
-        name = u.hostname or ""
-        if name != "localhost":
-            ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return u.scheme in ("http", "https") and u.netloc.lower() == host.lower()
+    return own_page(origin, host)
 
 
 class Guard:
@@ -93,13 +79,13 @@ class Guard:
         return got is not None and hmac.compare_digest(got.encode(), key.encode())
 
     def origin_ok(self, headers: dict[str, str]) -> bool:
+        from .security import origin_ok
+
         origin = headers.get("origin")
         if origin is None:  # not a browser
             return True
-        if _own_page(origin, headers.get("host", "")):
-            return True
-        allowed = self.served.allowed_origins
-        return origin in allowed if allowed else _loopback_origin(origin)
+        return origin_ok(origin, headers.get("host", ""), self.served.allowed_origins,
+                         tuple(h.lower() for h in self.served.allowed_hosts))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -108,16 +94,21 @@ class Guard:
                    for k, v in scope.get("headers", [])}
         open_path = scope["path"] in ("/health", "/") or scope["path"].startswith("/web/")
         if scope["type"] == "websocket":
-            if not self.key_ok(headers, scope) or not self.origin_ok(headers):
-                await receive()  # websocket.connect
-                await send({"type": "websocket.close", "code": 1008,
-                            "reason": "missing or wrong API key, or Origin not allowed"})
-                return
+            from .security import deny_ws
+
+            if not self.key_ok(headers, scope):
+                return await deny_ws(scope, receive, send, "missing or wrong API key (send "
+                                     "Authorization: Bearer KEY)", "invalid_api_key")
+            if not self.origin_ok(headers):
+                return await deny_ws(scope, receive, send, "Origin not allowed (start the "
+                                     "server with --allowed-origin)", "origin_not_allowed")
             return await self.app(scope, receive, send)
-        if not open_path and not self.key_ok(headers, scope):
+        scope.setdefault("state", {})["key_ok"] = self.key_ok(headers, scope)
+        if not open_path and not scope["state"]["key_ok"]:
             return await _send_json(send, 401, error_body(
                 "missing or wrong API key (send Authorization: Bearer KEY)",
-                "authentication_error", "invalid_api_key"))
+                "authentication_error", "invalid_api_key"),
+                [(b"www-authenticate", b'Bearer realm="mlx_speech"')])
         limit = self.served.max_upload_bytes
         too_large = error_body(f"the request body is over the limit of {limit} bytes",
                                code="request_too_large")
@@ -150,12 +141,10 @@ class Guard:
             await _send_json(send, 413, too_large)
 
 
-async def _send_json(send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+async def _send_json(send, status: int, body: dict, headers=()) -> None:
+    from .limits import send_json
+
+    await send_json(send, status, body, headers)
 
 
 def create_app(served: Served) -> FastAPI:
@@ -174,11 +163,21 @@ def create_app(served: Served) -> FastAPI:
         return JSONResponse(error_body(str(exc), "invalid_request_error", exc.code, "model"),
                             status_code=status)
 
+    @app.exception_handler(Invalid)
+    async def _invalid(request: Request, exc: Invalid):
+        return JSONResponse(error_body(str(exc), param=exc.param), status_code=400)
+
+    @app.exception_handler(Exception)  # anything else: a JSON 500 (logged once, by uvicorn)
+    async def _internal(request: Request, exc: Exception):
+        return JSONResponse(error_body(f"internal error ({type(exc).__name__})",
+                                       "server_error", "internal_error"), status_code=500)
+
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         e = served.engine
-        if e.healthy:
-            return {"status": "ok", "models": list(served.models)}
+        if e.healthy:  # the model ids (local paths) only to key holders
+            keyed = served.api_key is not None and request.scope.get("state", {}).get("key_ok")
+            return {"status": "ok", "models": list(served.models)} if keyed else {"status": "ok"}
         return JSONResponse({"status": "unhealthy", "error": e.failed or "engine stopped"},
                             status_code=503)
 
@@ -201,6 +200,7 @@ def create_app(served: Served) -> FastAPI:
             form = await request.form(max_files=1, max_fields=32)
         except Exception as e:  # malformed multipart
             raise _http_error(400, f"cannot read the form: {e}") from None
+        _check_form(form)
         f = form.get("file")
         if not isinstance(f, UploadFile):
             raise _http_error(400, "missing the audio 'file' field", param="file")
@@ -218,7 +218,8 @@ def create_app(served: Served) -> FastAPI:
         if len(data) > served.max_upload_bytes:
             raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
                               f"{served.max_upload_bytes} bytes", "request_too_large", "file")
-        audio = _decode_audio(data, model.sample_rate, f.filename)
+        audio = await asyncio.to_thread(_decode_audio, data, model.sample_rate, f.filename)
+        del data
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         try:
@@ -242,10 +243,12 @@ def create_app(served: Served) -> FastAPI:
             return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
                                                      model if want_lp else None),
                                      media_type="text/event-stream")
-        try:
-            result = await _await_done(q)
+        try:  # the client gone: the stream is closed, the engine drops it at its next tick
+            result = await while_connected(request, _await_done(q))
         finally:
             s.close()
+        if result is None:
+            return Response(status_code=499)
         if diarize:  # diarized_json, or diarize=true on verbose_json
             from .diarization import diarize_upload, diarized_json, speaker_fields
 
@@ -259,7 +262,10 @@ def create_app(served: Served) -> FastAPI:
                                                        segments=d.segments), d)
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
-            breaks = await _pause_breaks(served, audio, model.sample_rate)
+            breaks = await while_connected(request, _pause_breaks(served, audio,
+                                                                  model.sample_rate))
+            if breaks is None:
+                return Response(status_code=499)
         resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks)
         if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
             resp["logprobs"] = result_logprobs(model, result)
@@ -275,6 +281,9 @@ def create_app(served: Served) -> FastAPI:
             raise _http_error(400, "the body must be JSON") from None
         if not isinstance(body, dict):
             raise _http_error(400, "the body must be a JSON object")
+        from ..models.voxtral_tts import MAX_FRAMES
+
+        _check_speech(body, MAX_FRAMES)
         name, model = served.find(body.get("model"), "tts")
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
@@ -316,9 +325,10 @@ def create_app(served: Served) -> FastAPI:
                     else {"first_frames": 128, "chunk_frames": 128})
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        gone = threading.Event()  # the client left: generation stops before the next frame
         job = served.engine.open_speech(
             lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
-                                 **chunking), AsyncSink(q, loop))
+                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop))
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if stream_format == "sse":
@@ -327,20 +337,16 @@ def create_app(served: Served) -> FastAPI:
         if streaming:
             return StreamingResponse(_stream_speech(q, job, fmt, sr),
                                      media_type=SPEECH_FORMATS[fmt], headers=headers)
-        chunks = []
-        try:
-            while True:
-                ev = await q.get()
-                if ev[0] == "audio":
-                    chunks.append(ev[1])
-                elif ev[0] == "done":
-                    break
-                else:
-                    raise _http_error(500, f"speech generation failed: {ev[2]}", ev[1])
+        try:  # the client gone: the job is closed, the engine drops it at its next step
+            chunks = await while_connected(request, _collect_speech(q))
         finally:
+            gone.set()
             job.close()
+        if chunks is None:
+            return Response(status_code=499)
         samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        data = (wav_bytes(samples, sr) if fmt == "wav" else encode_audio(samples, sr, fmt))
+        data = await asyncio.to_thread(
+            lambda: wav_bytes(samples, sr) if fmt == "wav" else encode_audio(samples, sr, fmt))
         return Response(data, media_type=SPEECH_FORMATS[fmt], headers=headers)
 
     from .kyutai import add_routes as add_kyutai
@@ -350,7 +356,10 @@ def create_app(served: Served) -> FastAPI:
     add_realtime(app, served)
     add_kyutai(app, served)
     add_page(app)
+    app.add_middleware(Limits, max_sessions=served.max_sessions
+                       or default_max_sessions(served.models), max_per_ip=served.max_per_ip)
     app.add_middleware(Guard, served=served)
+    app.add_middleware(Defences, served=served)  # outermost: Host, Origin, content type
     if served.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -389,7 +398,22 @@ def _decode_audio(data: bytes, rate: int, filename: str | None = None) -> np.nda
         raise _http_error(400, f"{what}: {e}", "invalid_audio", "file") from None
     if x.size == 0:
         raise _http_error(400, f"{what} has no samples", "invalid_audio", "file")
+    if sr != rate and sr not in FILE_RATES:
+        raise _http_error(400, f"{what}: unsupported sample rate {sr} Hz (supported: "
+                          f"{', '.join(map(str, FILE_RATES))})", "invalid_audio", "file")
     return resample(x, sr, rate) if sr != rate else x
+
+
+async def _collect_speech(q: asyncio.Queue) -> list:
+    chunks = []
+    while True:
+        ev = await q.get()
+        if ev[0] == "audio":
+            chunks.append(ev[1])
+        elif ev[0] == "done":
+            return chunks
+        else:
+            raise _http_error(500, f"speech generation failed: {ev[2]}", ev[1])
 
 
 async def _await_done(q: asyncio.Queue):
@@ -456,18 +480,21 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
     if rate != 16000:
         return []
     q: asyncio.Queue = asyncio.Queue()
-    served.engine.open_speech(
+    job = served.engine.open_speech(
         lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
         AsyncSink(q, asyncio.get_running_loop()))
     breaks = []
-    while True:
-        ev = await q.get()
-        if ev[0] == "audio":
-            breaks = ev[1]
-        elif ev[0] == "done":
-            return breaks or []
-        else:
-            raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "audio":
+                breaks = ev[1]
+            elif ev[0] == "done":
+                return breaks or []
+            else:
+                raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
+    finally:
+        job.close()  # the client gone: dropped at the engine's next step
 
 
 def _diarize_request(served: Served, fmt: str, diarize: str | None, stream: bool) -> bool:
@@ -568,7 +595,7 @@ async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):
                 elif opus is not None:
                     pending = np.concatenate([pending, ev[1]])
                     n = len(pending) // 960 * 960
-                    out = b"".join(opus.append_pcm(pending[i:i + 960]) for i in range(0, n, 960))
+                    out = await asyncio.to_thread(_opus_frames, opus, pending[:n])
                     pending = pending[n:]
                     if out:
                         yield out
@@ -582,6 +609,11 @@ async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):
                 return  # the status line is gone: end the body early
     finally:
         job.close()
+
+
+def _opus_frames(opus, x: np.ndarray) -> bytes:
+    """Whole 20 ms frames through an Opus stream writer (a worker thread's job)."""
+    return b"".join(opus.append_pcm(x[i:i + 960]) for i in range(0, len(x), 960))
 
 
 async def _sse_speech(q: asyncio.Queue, job):

@@ -40,6 +40,12 @@ class Served:
     created: int = 0
     vad: object | None = None  # a loaded Silero VAD: server_vad / semantic_vad turn detection
     diarizer: object | None = None  # a loaded diarizer (--diarizer): speakers in transcripts
+    # hostile-input defences (server/security.py, server/limits.py)
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: list[str] = field(default_factory=list)
+    voices_dir: str | None = None
+    max_sessions: int | None = None  # None: limits.default_max_sessions(models)
+    max_per_ip: int = 32
 
     def kind(self, model_id: str) -> str:
         return model_kind(self.models[model_id])
@@ -82,12 +88,12 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 def answer_subprotocol(ws) -> str | None:
     """The subprotocol a WebSocket handshake must name back: browsers fail a handshake whose
     answer names none of the subprotocols they offered (and browsers can only send the API key
-    as one). The first offered one that is not the key, else the key's own."""
+    as one). The first offered one that is not the key, else none."""
     offered = list(ws.scope.get("subprotocols") or [])
     for p in offered:
         if not p.startswith(KEY_SUBPROTOCOL):
             return p
-    return offered[0] if offered else None
+    return None  # never echo the key (it would sit in every proxy's response log)
 
 
 class AsyncSink:

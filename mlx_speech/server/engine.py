@@ -159,6 +159,12 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="mlx_speech-engine", daemon=True)
         self.ticks = 0
         self.batch_sizes: collections.Counter = collections.Counter()
+        self.cancel_reason: str | None = None  # set (from a signal handler): fail everything
+
+    def cancel_all(self, reason: str) -> None:
+        """Fail every open stream and job at the engine's next look (within IDLE_WAIT_S):
+        a plain attribute store, safe from a signal handler (no lock taken)."""
+        self.cancel_reason = reason
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> Engine:
@@ -234,6 +240,11 @@ class Engine:
     def _tick(self) -> bool:
         """One round over everything; False when there was nothing to do."""
         busy = False
+        if self.cancel_reason is not None:
+            for s in self._streams + list(self._new):
+                if not (s.finished or s.closed):
+                    s.fail("server_shutdown", self.cancel_reason)
+                s.closed = True
         while self._new:
             s = self._new.popleft()
             busy = True

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import numpy as np
 from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from . import limits
 from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
 from .engine import BufferFull
+from .security import resolve_voice
+from .validate import Invalid, kyutai_query
+
+log = logging.getLogger("mlx_speech.server")
 
 HANDSHAKE, AUDIO, TEXT, ERROR = b"\x00", b"\x01", b"\x02", b"\x05"
 
@@ -41,107 +47,125 @@ def add_routes(app: FastAPI, served: Served) -> None:
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket):
         await ws.accept(subprotocol=answer_subprotocol(ws))
-        qp = ws.query_params
         try:
-            _, model = served.find(qp.get("model"), "duplex")
-        except ModelNotFound as e:
-            await ws.send_bytes(ERROR + str(e).encode())
-            await ws.close()
-            return
-        if not served.engine.healthy:
-            await ws.send_bytes(ERROR + b"the engine is not running")
-            await ws.close()
-            return
-        fmt = qp.get("format") or "opus"
-        if fmt not in ("opus", "pcm"):
-            await ws.send_bytes(ERROR + b"format must be opus or pcm")
-            await ws.close()
-            return
-        if fmt == "opus":
-            try:
-                import sphn
-            except ImportError:
-                await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus: "
-                                    b"pip install 'mlx-speech[server]'")
-                await ws.close()
-                return
-        kwargs = {}
-        voice = qp.get("voice") or qp.get("voice_prompt")
-        role = qp.get("role") or qp.get("text_prompt")
-        if voice:
-            kwargs["voice"] = voice.removesuffix(".pt")
-        if role:
-            kwargs["role"] = role
-        seed = qp.get("seed")
-        if seed is not None:
-            if not seed.isdigit():
-                await ws.send_bytes(ERROR + b"seed must be a non-negative integer")
-                await ws.close()
-                return
-            kwargs["seed"] = int(seed)
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        s = served.engine.open_duplex(model, lambda: model.session(**kwargs),
-                                      AsyncSink(q, loop))
-        if fmt == "opus":
-            reader = sphn.OpusStreamReader(model.sample_rate)
-            writer = sphn.OpusStreamWriter(model.sample_rate)
-        else:
-            reader = writer = _Pcm16()
-        ready = asyncio.Event()
-
-        async def send_loop():
-            while True:
-                ev = await q.get()
-                if ev[0] == "ready":
-                    await ws.send_bytes(HANDSHAKE)
-                    ready.set()
-                elif ev[0] == "audio":
-                    data = writer.append_pcm(ev[1])
-                    if data:
-                        await ws.send_bytes(AUDIO + data)
-                elif ev[0] == "text":
-                    await ws.send_bytes(TEXT + ev[1].encode())
-                elif ev[0] == "error":
-                    await ws.send_bytes(ERROR + ev[2].encode())
-                    await ws.close()
-                    return
-
-        sender = asyncio.create_task(send_loop())
-        try:
-            while True:
-                recv = asyncio.create_task(ws.receive())
-                done, _ = await asyncio.wait({recv, sender}, timeout=served.idle_timeout_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if sender in done:  # closed after an error
-                    recv.cancel()
-                    return
-                if not done:
-                    recv.cancel()
-                    await ws.send_bytes(ERROR + b"idle timeout")
-                    return
-                msg = recv.result()
-                if msg["type"] == "websocket.disconnect":
-                    return
-                data = msg.get("bytes")
-                if not data:
-                    continue
-                if data[:1] == AUDIO:
-                    try:
-                        pcm = reader.append_bytes(data[1:])
-                    except ValueError as e:
-                        await ws.send_bytes(ERROR + str(e).encode())
-                        continue
-                    if len(pcm):
-                        try:
-                            s.push(np.asarray(pcm, np.float32))
-                        except BufferFull as e:
-                            await ws.send_bytes(ERROR + str(e).encode())
-                # other kinds (control, ping) are ignored, as Kyutai's server does
+            await _chat(ws, served)
         except WebSocketDisconnect:
             pass
-        finally:
-            s.close()
-            sender.cancel()
-            with contextlib.suppress(BaseException):
-                await sender
+        except Exception as e:  # a bug, not the client's: say so, once, then close
+            log.exception("/api/chat failed")
+            with contextlib.suppress(Exception):
+                await ws.send_bytes(ERROR + f"internal error ({type(e).__name__})".encode())
+                await ws.close(1011)
+
+
+async def _chat(ws: WebSocket, served: Served) -> None:
+    try:
+        qp = kyutai_query(ws.query_params)
+        _, model = served.find(qp.get("model"), "duplex")
+        voice = qp.get("voice") or qp.get("voice_prompt")
+        voice = resolve_voice(model, voice, served.voices_dir) if voice else None
+    except Invalid as e:
+        await ws.send_bytes(ERROR + str(e).encode())
+        await ws.close()
+        return
+    except ModelNotFound as e:
+        await ws.send_bytes(ERROR + str(e).encode())
+        await ws.close()
+        return
+    if not served.engine.healthy:
+        await ws.send_bytes(ERROR + b"the engine is not running")
+        await ws.close()
+        return
+    fmt = qp.get("format") or "opus"
+    if fmt not in ("opus", "pcm"):
+        await ws.send_bytes(ERROR + b"format must be opus or pcm")
+        await ws.close()
+        return
+    if fmt == "opus":
+        try:
+            import sphn
+        except ImportError:
+            await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus: "
+                                b"pip install 'mlx-speech[server]'")
+            await ws.close()
+            return
+    kwargs = {}
+    role = qp.get("role") or qp.get("text_prompt")
+    if voice:
+        kwargs["voice"] = voice
+    if role:
+        kwargs["role"] = role
+    seed = qp.get("seed")
+    if seed is not None:  # checked by kyutai_query: 0..2**63-1
+        kwargs["seed"] = int(seed)
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    s = served.engine.open_duplex(model, lambda: model.session(**kwargs),
+                                  AsyncSink(q, loop))
+    if fmt == "opus":
+        reader = sphn.OpusStreamReader(model.sample_rate)
+        writer = sphn.OpusStreamWriter(model.sample_rate)
+    else:
+        reader = writer = _Pcm16()
+    ready = asyncio.Event()
+
+    async def send_loop():
+        while True:
+            ev = await q.get()
+            if ev[0] == "ready":
+                await ws.send_bytes(HANDSHAKE)
+                ready.set()
+            elif ev[0] == "audio":  # encoding off the event loop
+                data = await asyncio.to_thread(writer.append_pcm, ev[1])
+                if data:
+                    await ws.send_bytes(AUDIO + data)
+            elif ev[0] == "text":
+                await ws.send_bytes(TEXT + ev[1].encode())
+            elif ev[0] == "error":
+                await ws.send_bytes(ERROR + ev[2].encode())
+                await ws.close()
+                return
+
+    sender = asyncio.create_task(send_loop())
+    try:
+        while True:
+            recv = asyncio.create_task(ws.receive())
+            done, _ = await asyncio.wait({recv, sender}, timeout=served.idle_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if sender in done:  # closed after an error
+                recv.cancel()
+                return
+            if not done:
+                recv.cancel()
+                await ws.send_bytes(ERROR + b"idle timeout")
+                return
+            msg = recv.result()
+            if msg["type"] == "websocket.disconnect":
+                return
+            data = msg.get("bytes")
+            if not data:
+                continue
+            if q.qsize() > limits.MAX_BACKLOG:  # the client sends but does not read
+                await ws.send_bytes(ERROR + b"the client is not reading the conversation's "
+                                    b"audio; closing")
+                await ws.close(1008)
+                return
+            if data[:1] == AUDIO:
+                try:  # decoding off the event loop
+                    pcm = await asyncio.to_thread(reader.append_bytes, data[1:])
+                except ValueError as e:
+                    await ws.send_bytes(ERROR + str(e).encode())
+                    continue
+                if len(pcm):
+                    try:
+                        s.push(np.asarray(pcm, np.float32))
+                    except BufferFull as e:
+                        await ws.send_bytes(ERROR + str(e).encode())
+            # other kinds (control, ping) are ignored, as Kyutai's server does
+    except WebSocketDisconnect:
+        pass
+    finally:
+        s.close()
+        sender.cancel()
+        with contextlib.suppress(BaseException):
+            await sender

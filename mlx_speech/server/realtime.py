@@ -21,6 +21,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 import secrets
 import time
 
@@ -32,6 +33,7 @@ from ..audio.resample import StreamingResampler
 from ..errors import MlxSpeechError
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
+from .validate import Invalid, append_samples, realtime_event
 from .vocabulary import (
     LOGPROBS_INCLUDE,
     logprob_entries,
@@ -40,6 +42,9 @@ from .vocabulary import (
     session_factory,
     words_field,
 )
+
+log = logging.getLogger("mlx_speech.server")
+BIG_MESSAGE = 1 << 16  # bytes: JSON this large is parsed on a worker thread
 
 VLLM_RATE = 16000
 OPENAI_RATE = 24000
@@ -101,7 +106,13 @@ class _Connection:
             if tag == "local":
                 await self.ws.send_text(json.dumps(ev))
                 continue
-            for out in self.engine_event(tag, ev):
+            try:
+                outs = self.engine_event(tag, ev)
+            except Exception as e:  # a bug: the client hears of it, the socket carries on
+                log.exception("realtime engine event %r failed", ev[0])
+                outs = [{"type": "error", "error": f"internal error ({type(e).__name__})",
+                         "code": "server_error"}]
+            for out in outs:
                 await self.ws.send_text(json.dumps(out))
 
     async def run(self) -> None:
@@ -151,13 +162,43 @@ class _Connection:
             if data is None:
                 data = (msg.get("bytes") or b"").decode("utf-8", "replace")
             try:
-                event = json.loads(data)
+                event = (await asyncio.to_thread(json.loads, data) if len(data) > BIG_MESSAGE
+                         else json.loads(data))
                 if not isinstance(event, dict):
                     raise ValueError
-            except ValueError:
+            except (ValueError, RecursionError):
                 self.error("invalid_json", "the message is not a JSON object")
                 continue
-            await self.handle(event)
+            try:
+                realtime_event(event, isinstance(self, OpenAIConnection))
+            except Invalid as e:
+                self.invalid(e, event)
+                continue
+            try:
+                await self.handle(event)
+            except Exception as e:  # a bug, not the client's: say so and keep the socket
+                log.exception("realtime event %r failed", event.get("type"))
+                self.error("server_error", f"internal error ({type(e).__name__})")
+
+    def too_big(self, b64: str, rate: int) -> str | None:
+        """The buffer_full message for an append longer than a whole input buffer (refused
+        before it is decoded or resampled), else None."""
+        n = append_samples(b64)
+        if n > self.engine.max_buffer_s * rate:
+            return (f"this append holds {n / rate:.1f} s of audio, more than the "
+                    f"{self.engine.max_buffer_s:g} s input buffer; send smaller chunks")
+        return None
+
+    async def decode(self, b64, rate: int) -> np.ndarray:
+        """An append's audio, decoded on a worker thread; BufferFull when it is too long."""
+        if isinstance(b64, str) and (why := self.too_big(b64, rate)):
+            raise BufferFull(why)
+        if isinstance(b64, str) and len(b64) > BIG_MESSAGE:
+            return await asyncio.to_thread(_pcm16, b64)
+        return _pcm16(b64)
+
+    def invalid(self, e: Invalid, event: dict) -> None:
+        self.error("invalid_request_error", str(e))
 
     def stream_done(self, item: str) -> None:
         self.streams.pop(item, None)
@@ -214,9 +255,12 @@ class VllmConnection(_Connection):
                 self.error("invalid_value", err)
         elif t == "input_audio_buffer.append":
             try:
-                x = _pcm16(event.get("audio"))
+                x = await self.decode(event.get("audio"), VLLM_RATE)
             except ValueError as e:
                 self.error("invalid_audio", str(e))
+                return
+            except BufferFull as e:
+                self.error("buffer_full", f"{e}; this chunk was not taken")
                 return
             self.append(x)
         elif t == "input_audio_buffer.commit":
@@ -386,11 +430,14 @@ class OpenAIConnection(_Connection):
             self.update(event.get("session"), eid, legacy=t == "transcription_session.update")
         elif t == "input_audio_buffer.append":
             try:
-                x = _pcm16(event.get("audio"))
+                x = await self.decode(event.get("audio"), self.rate)
             except ValueError as e:
                 self.error("invalid_audio", str(e), eid)
                 return
-            self.append(x, eid)
+            except BufferFull as e:
+                self.error("buffer_full", f"{e}; this chunk was not taken", eid)
+                return
+            await self.append(x, eid)
         elif t == "input_audio_buffer.commit":
             if self.turn_config is not None:
                 if self.turns is None:
@@ -551,7 +598,12 @@ class OpenAIConnection(_Connection):
         ms = (VOXTRAL_DELAY_MS if model.family == "voxtral" else NEMOTRON_LATENCY_MS)[delay]
         return lambda: session_factory(model, self.session_kw(), latency_ms=ms)()
 
-    def append(self, x: np.ndarray, eid) -> None:
+    def invalid(self, e: Invalid, event: dict) -> None:
+        eid = event.get("event_id")
+        self.error("invalid_value", str(e), eid if isinstance(eid, str) else None,
+                   e.param.lstrip(".") or None)
+
+    async def append(self, x: np.ndarray, eid) -> None:
         if self.model is None:
             self.error("model_not_validated", "name a served transcription model in "
                        "session.update (session.audio.input.transcription.model)", eid)
@@ -567,11 +619,12 @@ class OpenAIConnection(_Connection):
                 self.streams["turns"] = self.turns
                 if self.speakers is not None:
                     self.speakers.base = self.speakers.pushed
+            turns, resampler, speakers = self.turns, self.resampler, self.speakers
+            y = await asyncio.to_thread(resampler.feed, x)  # off the event loop
             try:
-                y = self.resampler.feed(x)
-                self.turns.push(y)
-                if self.speakers is not None:  # what the turns took, on one timeline
-                    self.speakers.push(y)
+                turns.push(y)
+                if speakers is not None:  # what the turns took, on one timeline
+                    speakers.push(y)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
@@ -584,12 +637,13 @@ class OpenAIConnection(_Connection):
             self.texts[self.item] = TextDeltas()
             if self.speakers is not None:
                 self.speakers.start_item(self.item)
-        # resample first (its state must see every sample), then queue
-        y = self.resampler.feed(x)
+        # resample first (its state must see every sample), then queue; off the event loop
+        s, resampler, speakers = self.streams[self.item], self.resampler, self.speakers
+        y = await asyncio.to_thread(resampler.feed, x)
         try:
-            self.streams[self.item].push(y)
-            if self.speakers is not None:  # what the item took, on one timeline
-                self.speakers.push(y)
+            s.push(y)
+            if speakers is not None:  # what the item took, on one timeline
+                speakers.push(y)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken", eid)
 

@@ -97,13 +97,16 @@ class VoxtralTTS:
     def stream(self, text: str, voice: str | None = None, seed: int = 0,
                max_frames: int | None = None,
                progress: Callable[[int, int], None] | None = None,
-               first_frames: int = 4, chunk_frames: int = 16) -> Iterator[Audio]:
+               first_frames: int = 4, chunk_frames: int = 16,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[Audio]:
         """Yield 24 kHz float32 Audio chunks as frames are decoded.
 
         Long text is split at sentence boundaries (fresh prompt per chunk, same
         voice, `PAUSE_S` of silence between). Chunk j draws its noise from
         seed + j. `progress(done_chars, total_chars)` is called after each text
         chunk. The first chunk comes after `first_frames` frames (80 ms each).
+        `should_stop()` true ends the stream before the next frame (a server's
+        client left: no chunk's worth of frames is made for nobody).
         """
         voice = self._voices.default() if voice is None else voice
         self._voices[voice]  # unknown voice: fail before any work
@@ -115,6 +118,8 @@ class VoxtralTTS:
                 yield Audio(pause, self.sample_rate)
             dec = CodecStream(self.model.audio_tokenizer, first_frames, chunk_frames)
             for codes in self._frames(chunk, voice, seed + j, max_frames):
+                if should_stop is not None and should_stop():
+                    return
                 frames += 1
                 if (wav := dec.push(codes)) is not None:
                     yield Audio(wav, self.sample_rate)
