@@ -15,6 +15,7 @@ from ..errors import CheckpointError, MlxSpeechError
 from ..nn import quant
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
+CLEAR_CACHE_EVERY = 256  # batched steps between mx.clear_cache calls (every streaming model)
 
 
 @dataclass

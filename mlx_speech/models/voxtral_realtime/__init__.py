@@ -15,10 +15,9 @@ from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
 from ...text.tekken import Tekken
 from ..asr import StreamingASR, Transcript, Word, load_strict, transcribe_with
-from . import batch
 from .config import VoxtralRealtimeConfig
 from .model import Model
-from .session import Session
+from .session import Session, feed_batch, finish_batch
 from .weights import remap
 
 __all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "keep_high_precision", "load",
@@ -51,10 +50,10 @@ class VoxtralRealtime(StreamingASR):
         return Session(self, delay_ms)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
-        return batch.feed_batch(self, sessions, audios)
+        return feed_batch(self, sessions, audios)
 
     def _finish_batch(self, sessions: list[Session]) -> list[str]:
-        return batch.finish_batch(self, sessions)
+        return finish_batch(self, sessions)
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    delay_ms: int | None = None,
