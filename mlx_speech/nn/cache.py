@@ -136,16 +136,38 @@ def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
+# Attention over a fixed set of shapes (every allocated ring slot, masked, instead of the slots
+# in use; callers also bucket batch sizes and chunk lengths): GPU backends build kernels and
+# graphs per shape, so a stream then reuses a few from its first second on. On the CPU the
+# extra mask costs more than a new shape does: None = GPU backends only.
+FIXED_SHAPES: bool | None = None
+
+
+def fixed_shapes() -> bool:
+    """Whether streaming steps use a fixed set of shapes (see FIXED_SHAPES)."""
+    if FIXED_SHAPES is not None:
+        return FIXED_SHAPES
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def ring_slots(end: int, capacity: int, step: int) -> int:
+    """Slots a ring holds once `end` positions were written: a power of two from `step` up,
+    then `capacity`; a stream's attention shapes come from this small fixed set."""
+    return min(capacity, max(step, 1 << (end - 1).bit_length()))
+
+
 class RingRow:
     """One stream's sliding-window ring cache (see SlidingKVCache), stored as a row
     of a RingBatch: streams that step together share one batched array, each row
     with its own clock (`offset`, `shift`), so streams at different positions and
-    fill levels run in one step. `keys` / `values` are that row, (1, H, n, D)."""
+    fill levels run in one step. `keys` / `values` are that row, (1, H, n, D).
+    A `pad` row only fills a batch up to a bucketed size (its results are dropped)."""
 
-    def __init__(self, window: int, max_chunk: int = 1):
+    def __init__(self, window: int, max_chunk: int = 1, pad: bool = False):
         self.window, self.max_chunk = window, max_chunk
         self.capacity = window + max_chunk - 1
         self.offset = self.shift = 0
+        self.pad = pad
         self.home: RingBatch | None = None
         self.index = 0
 
@@ -176,7 +198,10 @@ class RingBatch:
     Same interface as SlidingKVCache for the attention (`rope_offset` is a (B,)
     array: mx.fast.rope takes one offset per row), with per-row slot writes, masks
     and re-anchoring. Work per step is bounded by the ring capacity whatever the
-    streams' lengths.
+    streams' lengths. Rings grow in a few power-of-two sizes, then the capacity
+    (`ring_slots`). With `fixed_shapes()` attention sees every allocated slot, unwritten
+    ones masked, so a stream calls attention with a small fixed set of shapes however long
+    it runs; else only the slots in use.
     """
 
     def __init__(self, rows: list[RingRow], keys: mx.array | None = None,
@@ -188,16 +213,24 @@ class RingBatch:
             row.home, row.index = self, i
 
     @classmethod
-    def gather(cls, rows: list[RingRow], step: int = 256) -> RingBatch:
-        """The batch holding exactly `rows` (in order): reused when it exists, else
-        built from the rows' current homes (one copy, only when the set changes)."""
-        r0 = rows[0]
+    def gather(cls, rows: list[RingRow], step: int = 256, size: int | None = None) -> RingBatch:
+        """The batch holding exactly `rows` (in order), padded to `size` rows with pad rows
+        (clones of the first row's clock and slots): reused when it exists, else built from
+        the rows' current homes (one copy, only when the set changes)."""
+        r0, size = rows[0], size or len(rows)
         if any((r.window, r.max_chunk) != (r0.window, r0.max_chunk) for r in rows):
             raise ValueError("rows of one RingBatch need the same window and max_chunk")
         h = r0.home
-        if (h is not None and len(h.rows) == len(rows)
-                and all(r.home is h and r.index == i for i, r in enumerate(rows))):
+        if (h is not None and len(h.rows) == size
+                and all(r.home is h and r.index == i for i, r in enumerate(rows))
+                and all(r.pad for r in h.rows[len(rows):])):
             return h
+        pads = []
+        for _ in range(size - len(rows)):
+            p = RingRow(r0.window, r0.max_chunk, pad=True)
+            p.offset, p.shift, p.home, p.index = r0.offset, r0.shift, r0.home, r0.index
+            pads.append(p)
+        rows = rows + pads
         homed = [r for r in rows if r.home is not None and r.home.keys is not None]
         if not homed:
             return cls(rows, step=step)
@@ -221,29 +254,39 @@ class RingBatch:
     def rope_offset(self) -> mx.array:
         return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
 
+    def _slots(self, end: int) -> int:
+        """Slots held once the rows' positions reach `end` (never fewer than now)."""
+        n = ring_slots(end, self.capacity, self.step)
+        return n if self.keys is None else max(n, self.keys.shape[2])
+
+    def _attended(self, end: int) -> int:
+        """Slots attention sees once the rows' positions reach `end`."""
+        return self._slots(end) if fixed_shapes() else min(end, self.capacity)
+
     def make_mask(self, length: int) -> mx.array | str | None:
-        """(B, 1, L, S) mask for `length` new queries per row, against the slots in
-        use after the write (S = the widest row's). None when every query sees every
-        slot and "causal" when rows in step see exactly their earlier positions: the
-        fused GPU kernels take those (CUDA runs no fused decode step with a mask)."""
+        """(B, 1, L, S) mask for `length` new queries per row, against the slots attention
+        sees after the write (S = `_attended`, unwritten slots hidden). None when every
+        query sees every slot and "causal" when rows in step see exactly their earlier
+        positions: the fused GPU kernels take those (CUDA runs no fused decode step with a
+        mask)."""
         cap, window = self.capacity, self.window
         o = [r.offset for r in self.rows]
-        used = min(cap, max(o) + length)
-        if length == 1 and all(x + 1 >= used and min(x + 1, cap) <= window for x in o):
-            return None  # every row wrote every slot in use, all within its window
-        if min(o) == max(o) and o[0] + length <= min(cap, window):
+        n = self._attended(max(o) + length)
+        if length == 1 and n <= window and all(min(x + 1, cap) >= n for x in o):
+            return None  # every row wrote every slot, all within its window
+        if min(o) == max(o) and o[0] + length == n <= window:
             return "causal"  # slot s holds position s (no wrap); window never binds
         offs = mx.array(o, mx.int32)[:, None]
-        s = mx.arange(used)[None]
+        s = mx.arange(n)[None]
         last = offs + length - 1
         slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
         q = offs + mx.arange(length)[None]
-        d = q[:, :, None] - slot_pos[:, None, :]
+        d = q[:, :, None] - slot_pos[:, None, :]  # < 0 for a slot not written yet
         return ((d >= 0) & (d < self.window))[:, None]
 
     def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
         B, H, _, D = k.shape
-        n = min(self.capacity, -(-end // self.step) * self.step)
+        n = self._slots(end)
         if self.keys is None:
             self.keys = mx.zeros((B, H, n, D), k.dtype)
             self.values = mx.zeros((B, H, n, v.shape[-1]), v.dtype)
@@ -253,7 +296,7 @@ class RingBatch:
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, H, L, D) keys/values, row b at its own positions; return the slots
-        in use."""
+        attention sees (`_attended`)."""
         L, cap = k.shape[2], self.capacity
         if L > self.max_chunk:
             raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
@@ -274,8 +317,10 @@ class RingBatch:
             self.values = mx.put_along_axis(self.values, idx, v, axis=2)
         for r in self.rows:
             r.offset += L
-        used = min(end, cap)
-        return self.keys[:, :, :used], self.values[:, :, :used]
+        n = self._attended(end)
+        if n == self.keys.shape[2]:
+            return self.keys, self.values
+        return self.keys[:, :, :n], self.values[:, :, :n]
 
     def deltas(self, length: int, limit: int) -> list[int]:
         """Per row, how far to lower the RoPE clock so `length` more positions stay
