@@ -9,6 +9,8 @@ import pytest
 
 import mlx_speech
 from mlx_speech.nn import cache as nn_cache
+from tests import test_mimi
+from tests import test_moshi_transformer as tmt
 from tests.conftest import make_voxtral_checkpoint, speechlike
 from tests.shape_watch import ShapeWatch
 
@@ -45,7 +47,7 @@ def test_voxtral_long_stream_uses_few_shapes(vr_wide, shape_watch):
     # decoder: prefill, then one query against 256, 512, 1024 slots and the capacity;
     # encoder: chunks of 1-16 tokens against 256 slots and the capacity
     # (1034 shapes before the rings were allocated in buckets)
-    assert first <= 6 and shape_watch.count() <= 16, sorted(shape_watch.seen["attention"])
+    assert first <= 6 and shape_watch.count() <= 16, sorted(map(str, shape_watch.seen["attention"]))
     assert shape_watch.count("cache") <= 16
 
 
@@ -76,7 +78,7 @@ def test_voxtral_batch_joining_and_leaving_uses_few_shapes(vr_wide, shape_watch)
         vr_wide.finish_many(live)
         done += live
     assert len(done) >= 12
-    assert shape_watch.count() <= 40, sorted(shape_watch.seen["attention"])  # 451 before
+    assert shape_watch.count() <= 40, sorted(map(str, shape_watch.seen["attention"]))  # 451 before
     shape_watch.reset()
     for s in done[:4]:
         ref = _endless(vr_wide.session(delay_ms=s.delay_ms))
@@ -98,3 +100,43 @@ def test_voxtral_fixed_shapes_keep_the_reference_tokens(vr_model, golden, monkey
         i, k = i + sizes[k % len(sizes)], k + 1
     s.finish()
     assert s.token_ids == ref
+
+
+@pytest.fixture(scope="module")
+def moshi_long(tmp_path_factory):
+    """A Moshi-shaped random LM whose 40-position context a test crosses (24 kHz Mimi)."""
+    import mlx_speech.models.moshi as moshi
+    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
+
+    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, context=40,
+                          delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1])
+    d = write_folder(tmp_path_factory.mktemp("ml") / "moshi", kw,
+                     kyutai_weights(build_random_lm(kw)))
+    return moshi.load(d)
+
+
+def test_moshi_long_session_uses_few_shapes(moshi_long, shape_watch):
+    """LM ring, depformer ring, Mimi's encoder and decoder rings: the same few shapes from
+    the ring filling on, over 90 frames that wrap every ring."""
+    s = moshi_long.session()
+    F = s.frame_size
+    x = speechlike(90 * F / 16000, seed=5)  # its samples read as 24 kHz
+    for i in range(90):
+        s.step(x[i * F:(i + 1) * F])
+        if i == 45:  # every ring has filled
+            first = shape_watch.count()
+    assert shape_watch.count() == first <= 6, sorted(map(str, shape_watch.seen["attention"]))
+
+
+@pytest.mark.parametrize("case", tmt.CASES)
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_moshi_transformer_fixed_shapes_match_torch_streaming(monkeypatch, case, chunk):
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    tmt.test_streaming_matches_torch_streaming(case, chunk)
+
+
+@pytest.mark.parametrize("name", list(test_mimi.FIXTURES))
+def test_mimi_fixed_shapes_match_torch_streaming(monkeypatch, name):
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    test_mimi.test_streaming_matches_torch_streaming(test_mimi.case.__wrapped__(
+        type("R", (), {"param": name})()))

@@ -23,6 +23,26 @@ def rotate_back(x: mx.array, delta: int | mx.array, dims: int, *, traditional: b
     return y * sign
 
 
+# Attention over a fixed set of shapes (every allocated ring slot, masked, instead of the slots
+# in use; callers also bucket batch sizes and chunk lengths): GPU backends build kernels and
+# graphs per shape, so a stream then reuses a few from its first second on. On the CPU the
+# extra mask costs more than a new shape does: None = GPU backends only.
+FIXED_SHAPES: bool | None = None
+
+
+def fixed_shapes() -> bool:
+    """Whether streaming steps use a fixed set of shapes (see FIXED_SHAPES)."""
+    if FIXED_SHAPES is not None:
+        return FIXED_SHAPES
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def ring_slots(end: int, capacity: int, step: int) -> int:
+    """Slots a ring holds once `end` positions were written: a power of two from `step` up,
+    then `capacity`; a stream's attention shapes come from this small fixed set."""
+    return min(capacity, max(step, 1 << (end - 1).bit_length()))
+
+
 def window_mask(q_pos: mx.array, k_pos: mx.array, window: int) -> mx.array:
     """Boolean (Lq, Lk) mask: query at q sees key at k iff q - window < k <= q."""
     d = q_pos[:, None] - k_pos[None, :]
@@ -54,20 +74,32 @@ class SlidingKVCache:
     def rope_offset(self) -> int:
         return self.offset - self.shift
 
-    def _slot_positions(self, end: int) -> mx.array:
+    def _attended(self, end: int) -> int:
+        """Slots attention sees once `end` positions were written: every allocated one
+        with `fixed_shapes()` (a power of two from `step`, then the capacity), else those
+        in use."""
+        if not fixed_shapes():
+            return min(end, self.capacity)
+        n = ring_slots(end, self.capacity, self.step)
+        return n if self.keys is None else max(n, self.keys.shape[2])
+
+    def slot_positions(self, end: int) -> mx.array:
+        """The position each attended slot holds once `end` positions were written (a slot
+        not written yet gets a position past the newest, so masks hide it)."""
+        n = self._attended(end)
+        s = mx.arange(n)
         if end <= self.capacity:
-            return mx.arange(end)
-        s = mx.arange(self.capacity)
+            return s
         return (end - 1) - ((end - 1 - s) % self.capacity)
 
     def make_mask(self, length: int) -> mx.array:
         """Mask for `length` new queries against the slots after they are written."""
         q = mx.arange(self.offset, self.offset + length)
-        return window_mask(q, self._slot_positions(self.offset + length), self.window)
+        return window_mask(q, self.slot_positions(self.offset + length), self.window)
 
     def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
         B, H, _, D = k.shape
-        n = min(self.capacity, -(-end // self.step) * self.step)
+        n = ring_slots(end, self.capacity, self.step)
         if self.keys is not None and self.keys.shape[2] >= n:
             return
         new_k = mx.zeros((B, H, n, D), k.dtype)
@@ -79,7 +111,7 @@ class SlidingKVCache:
         self.keys, self.values = new_k, new_v
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        """Write (B, H, L, D) keys/values; return every slot in use."""
+        """Write (B, H, L, D) keys/values; return the slots attention sees (`_attended`)."""
         L = k.shape[2]
         if L > self.max_chunk:
             raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
@@ -93,8 +125,10 @@ class SlidingKVCache:
             self.keys[:, :, : L - first] = k[:, :, first:]
             self.values[:, :, : L - first] = v[:, :, first:]
         self.offset = end
-        used = min(end, self.capacity)
-        return self.keys[:, :, :used], self.values[:, :, :used]
+        n = self._attended(end)
+        if n == self.keys.shape[2]:
+            return self.keys, self.values
+        return self.keys[:, :, :n], self.values[:, :, :n]
 
     def reanchor(self, delta: int, head_dim: int, *, traditional: bool, base: float):
         """Lower the RoPE clock by `delta`: rotate every cached key by -delta.
@@ -134,26 +168,6 @@ def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
         parts.append(a if idx == list(range(a.shape[0])) else a[mx.array(idx)])
         k = j
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-
-
-# Attention over a fixed set of shapes (every allocated ring slot, masked, instead of the slots
-# in use; callers also bucket batch sizes and chunk lengths): GPU backends build kernels and
-# graphs per shape, so a stream then reuses a few from its first second on. On the CPU the
-# extra mask costs more than a new shape does: None = GPU backends only.
-FIXED_SHAPES: bool | None = None
-
-
-def fixed_shapes() -> bool:
-    """Whether streaming steps use a fixed set of shapes (see FIXED_SHAPES)."""
-    if FIXED_SHAPES is not None:
-        return FIXED_SHAPES
-    return mx.default_device().type == mx.DeviceType.gpu
-
-
-def ring_slots(end: int, capacity: int, step: int) -> int:
-    """Slots a ring holds once `end` positions were written: a power of two from `step` up,
-    then `capacity`; a stream's attention shapes come from this small fixed set."""
-    return min(capacity, max(step, 1 << (end - 1).bit_length()))
 
 
 class RingRow:
