@@ -140,3 +140,27 @@ def test_mimi_fixed_shapes_match_torch_streaming(monkeypatch, name):
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
     test_mimi.test_streaming_matches_torch_streaming(test_mimi.case.__wrapped__(
         type("R", (), {"param": name})()))
+
+
+def test_voxtral_tts_fixed_shapes_keep_the_codes_with_few_shapes(monkeypatch):
+    """The TTS backbone's growing cache: every frame against 256 slots (one shape) instead
+    of one shape per frame, and mlx-audio's codes unchanged."""
+    import mlx.core as mx
+
+    import mlx_speech.models.voxtral_tts as vt
+    from tests.test_voxtral_tts import CKPT, GOLDEN
+
+    g = dict(np.load(GOLDEN / "golden.npz"))
+    tts = vt.load(CKPT, dtype=mx.float32, alibi="mlxa")
+    watch = ShapeWatch(monkeypatch)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    args = str(g["text"]), str(g["voice"]), int(g["seed"])
+    np.testing.assert_array_equal(tts.codes(*args, len(g["codes"])), g["codes"])
+    watch.reset()
+    codes = tts.codes(*args, 40)
+    backbone = {s for s in watch.seen["attention"] if s[0][1][0][2] >= 256}
+    assert len(codes) > 20 and len(backbone) == 2  # the prompt, then every frame
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", False)
+    watch.reset()
+    np.testing.assert_array_equal(tts.codes(*args, 40), codes)
+    assert len(watch.seen["attention"]) > len(codes)  # one shape per frame on the CPU
