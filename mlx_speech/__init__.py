@@ -23,8 +23,10 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     Quantized MLX checkpoints load as they are; `quantize=4|6|8` (`group_size=64`)
     quantizes a full-precision one while loading.
     """
+    import inspect
     from pathlib import Path
 
+    from .errors import MlxSpeechError
     from .hub import detect_model_type, resolve
     from .registry import ARCHIVES, model_module, weight_patterns
 
@@ -32,7 +34,12 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, **kwargs):
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
         return model_module(ARCHIVES[p.suffix]).load(p, **kwargs)
     folder = resolve(path_or_repo, weight_patterns)
-    return model_module(detect_model_type(folder)).load(folder, **kwargs)
+    kind = detect_model_type(folder)
+    loader = model_module(kind).load
+    unknown = sorted(set(kwargs) - set(inspect.signature(loader).parameters))
+    if unknown:  # e.g. a Voxtral-only option for another model
+        raise MlxSpeechError(f"{kind} models take no {', '.join(unknown)} option")
+    return loader(folder, **kwargs)
 
 
 __all__ = ["DEFAULT_ASR_MODEL", "__version__", "load"]

@@ -16,7 +16,14 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL
-from .cliutil import add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import (
+    add_quantize_args,
+    add_window_args,
+    log,
+    quantize_kwargs,
+    run_cli,
+    window_kwargs,
+)
 from .errors import MlxSpeechError
 
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -315,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
     add_quantize_args(p)
+    add_window_args(p)
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
@@ -349,7 +357,7 @@ def _run(args) -> None:
     import mlx_speech
 
     log(f"loading {args.model}")
-    model = mlx_speech.load(args.model, **quantize_kwargs(args))
+    model = mlx_speech.load(args.model, **quantize_kwargs(args), **window_kwargs(args))
     if args.live:
         live(model, args)
         return

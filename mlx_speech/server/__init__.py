@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cliutil import log, run_cli
+from ..cliutil import add_window_args, log, run_cli, window_kwargs
 from ..errors import MlxSpeechError, optional
 
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY) on HTTP and "
                                      "WebSocket requests")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
+    add_window_args(p)
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object]:
+def load_models(ids: list[str], quantize: int | None = None, **load_kwargs) -> dict[str, object]:
     import mlx_speech
 
     from .common import model_kind
@@ -66,7 +67,7 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
         if m in models:
             raise MlxSpeechError(f"--model {m} is given twice")
         log(f"loading {m}")
-        model = mlx_speech.load(m, **({"quantize": quantize} if quantize else {}))
+        model = mlx_speech.load(m, **({"quantize": quantize} if quantize else {}), **load_kwargs)
         try:
             model_kind(model)
         except ValueError as e:
@@ -119,7 +120,7 @@ def _run(args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         log(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
             "address can use the models")
-    models = load_models(args.model, args.quantize)
+    models = load_models(args.model, args.quantize, **window_kwargs(args))
     vad = None if args.no_vad else load_server_vad(args.vad)
     app, engine = make_app(models, api_key=args.api_key, allowed_origins=args.allowed_origin,
                            max_upload_bytes=int(args.max_upload_mb * (1 << 20)),

@@ -10,7 +10,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...converted import is_converted
-from ...errors import CheckpointError
+from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, mistral_or_hf_layout, read_json
 from ...nn import quant
 from ...text.tekken import Tekken
@@ -109,15 +109,35 @@ def keep_high_precision(path: str, module) -> bool:
     return ".ada_rms_norm_t_cond." in path
 
 
+def _window(name: str, value: int | None, trained: int) -> int:
+    if value is None:
+        return trained
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= trained:
+        raise MlxSpeechError(f"{name} must be a whole number of positions between 1 and the "
+                             f"model's {trained}, got {value!r}")
+    return value
+
+
 def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
-         group_size: int = 64) -> VoxtralRealtime:
+         group_size: int = 64, decoder_window: int | None = None,
+         encoder_window: int | None = None) -> VoxtralRealtime:
     """Load any layout strictly (every key mapped, none missing), lazily.
 
     Quantized files (mlx-audio, voxmlx) load as they are; `quantize` (4, 6 or 8 bits, group
     `group_size`) quantizes a full-precision checkpoint on the fly.
+
+    `decoder_window` / `encoder_window` (positions; default the model's 8192 / 750) shrink
+    the sliding windows attention sees, a memory lever for many long streams: a stream's KV
+    cache shrinks in proportion, and the model computes exactly what the reference
+    (transformers) computes with the same `sliding_window`s, which differs from the
+    trained windows' output (docs/gpu-and-memory.md).
     """
     folder = Path(folder)
     config, files = _read_config(folder)
+    config.decoder.sliding_window = _window("decoder_window", decoder_window,
+                                            config.decoder.sliding_window)
+    config.encoder.sliding_window = _window("encoder_window", encoder_window,
+                                            config.encoder.sliding_window)
     tek = folder / "tekken.json"
     if not tek.exists():
         raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
