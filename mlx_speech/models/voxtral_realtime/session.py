@@ -61,10 +61,11 @@ class Session:
         # a chunk must fit between the window and the RoPE limit (re-anchoring)
         room = (enc.max_position - enc.sliding_window) // frames_per_token
         self.enc_chunk_tokens = max(1, min(ENCODER_CHUNK_TOKENS, room))
-        self.enc_state = self.model.make_encoder_state(self.enc_chunk_tokens * frames_per_token)
+        self.enc_state = self.model.make_encoder_state(self.enc_chunk_tokens * frames_per_token,
+                                                       owner.kv_bits)
         # one ring size for every delay, so sessions with different delays share steps
         longest_prompt = 1 + a.n_left_pad_tokens + MAX_DELAY_MS // FRAME_MS
-        self.dec_cache = self.model.make_decoder_cache(longest_prompt)
+        self.dec_cache = self.model.make_decoder_cache(longest_prompt, owner.kv_bits)
         self.ffn_scales = self.model.ffn_scales(self.n_delay)
         self.mel = StreamingLogMel(LogMel(a.sample_rate, a.n_fft, a.hop, a.n_mels,
                                           a.log_mel_max))
