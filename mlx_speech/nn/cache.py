@@ -186,6 +186,9 @@ def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
+_ROPE_OFFSETS: list = [None, None]  # the last (clocks, array) RingBatch.rope_offset made
+
+
 class RingRow:
     """One stream's sliding-window ring cache (see SlidingKVCache), stored as a row
     of a RingBatch: streams that step together share one batched array, each row
@@ -291,7 +294,12 @@ class RingBatch:
 
     @property
     def rope_offset(self) -> mx.array:
-        return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
+        """(B,) int32 RoPE clocks; every layer of a step shares one array (one host copy per
+        step, not one per layer)."""
+        key = tuple(r.offset - r.shift for r in self.rows)
+        if _ROPE_OFFSETS[0] != key:
+            _ROPE_OFFSETS[:] = [key, mx.array(key, mx.int32)]
+        return _ROPE_OFFSETS[1]
 
     def _slots(self, end: int) -> int:
         """Slots held once the rows' positions reach `end` (never fewer than now)."""
