@@ -49,6 +49,10 @@ def test_voxtral_long_stream_uses_few_shapes(vr_wide, shape_watch):
     # (1034 shapes before the rings were allocated in buckets)
     assert first <= 6 and shape_watch.count() <= 16, sorted(map(str, shape_watch.seen["attention"]))
     assert shape_watch.count("cache") <= 16
+    # the full decoder ring is the window: its decode steps see every slot, no mask
+    assert s.dec_cache[0].capacity == 1000
+    assert any(a[1][0][2] == 1000 and dict(kw).get("mask") is None
+               for a, kw in shape_watch.seen["attention"])
 
 
 def test_voxtral_batch_joining_and_leaving_uses_few_shapes(vr_wide, shape_watch):

@@ -343,12 +343,13 @@ class RingBatch:
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, H, L, D) keys/values, row b at its own positions; return the slots
-        attention sees (`_attended`)."""
+        attention sees (`_attended`). A chunk longer than `max_chunk` is fine while no row
+        wraps (e.g. a prompt at position 0)."""
         L, cap = k.shape[2], self.capacity
-        if L > self.max_chunk:
-            raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
         offs = [r.offset for r in self.rows]
         end = max(offs) + L
+        if L > self.max_chunk and end > cap:
+            raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
         self.dtype = k.dtype
         if self.kv_bits:  # stored 8-bit, a scale per vector (`pack8`)
             k, v = pack8(k), pack8(v)

@@ -140,8 +140,10 @@ class Model(nn.Module):
         """One stream's decoder caches; `RingBatch.gather` stacks streams for a step.
         `kv_bits=8` stores keys and values in 8 bits (`nn.cache.pack8`)."""
         d = self.config.decoder
-        return [RingRow(d.sliding_window, max_chunk, kv_bits=kv_bits)
-                for _ in range(d.n_layers)]
+        # L > 1 only for the prompt, at position 0: when the window holds it, the ring is the
+        # window (a full ring's decode step then sees every slot: no mask, the fused kernels)
+        chunk = 1 if max_chunk <= d.sliding_window else max_chunk
+        return [RingRow(d.sliding_window, chunk, kv_bits=kv_bits) for _ in range(d.n_layers)]
 
     def ffn_scales(self, n_delay: int) -> list[mx.array]:
         """Per-layer 1 + ada(t_cond), constant for a session."""
