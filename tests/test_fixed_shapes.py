@@ -168,3 +168,13 @@ def test_voxtral_tts_fixed_shapes_keep_the_codes_with_few_shapes(monkeypatch):
     watch.reset()
     np.testing.assert_array_equal(tts.codes(*args, 40), codes)
     assert len(watch.seen["attention"]) > len(codes)  # one shape per frame on the CPU
+
+
+def test_voxtral_batched_reanchoring_with_fixed_shapes(tmp_path, vr_model, gpu_rope,
+                                                       monkeypatch):
+    """Rows re-anchoring at different steps, in batches padded to powers of two (pad rows
+    clone a clock), under the GPU's rope arithmetic: the tokens of each row alone."""
+    from tests.test_batched_asr import test_voxtral_batched_reanchoring
+
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    test_voxtral_batched_reanchoring(tmp_path, vr_model, gpu_rope)
