@@ -1,7 +1,7 @@
 """Where a batched Voxtral Realtime tick spends its time: components at B=1 x8
 sequential vs B=8 batched, plus bare `x @ W.T` at the real widths.
 
-    python benchmarks/batched_asr_profile.py [--config tiny|full-narrow]
+    python benchmarks/batched_asr_profile.py [--config tiny|full-narrow|full]
         [--dtype float32|bfloat16] [--reps N] [--no-matmul]
 
 Each component is evaluated on its own (`mx.eval` boundaries here only, never in

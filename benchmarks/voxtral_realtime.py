@@ -1,6 +1,6 @@
 """Voxtral Realtime speed: ours against mlx-audio 0.6.2 on identical random weights.
 
-    python benchmarks/voxtral_realtime.py [--config tiny|full-narrow]
+    python benchmarks/voxtral_realtime.py [--config tiny|full-narrow|full]
         [--enc-layers N --dec-layers N] [--seconds S] [--dtype float32|bfloat16] [--no-peer]
 
 Writes a random checkpoint in the Mistral-native layout (params.json,
@@ -17,7 +17,8 @@ implementations and prints numbers only (no assertions):
   create_streaming_session feed/step/close);
 * peak memory from load to the end of the run (mx.get_peak_memory).
 
-`full-narrow` keeps the real widths with few layers so it runs on a small CPU.
+`full-narrow` keeps the real widths with few layers so it runs on a small CPU; `full` has
+the real layer counts (4.4 B parameters: a GPU's job). Weights are drawn with mx.random.
 The EOS row of the embedding is zeroed so random weights never stop a run early.
 """
 
@@ -59,6 +60,12 @@ CONFIGS: dict[str, dict[str, dict[str, int]]] = {
         "enc": dict(dim=1280, n_layers=2, n_heads=32, head_dim=64, hidden_dim=5120,
                     sliding_window=750),
         "dec": dict(dim=3072, n_layers=2, n_heads=32, n_kv_heads=8, head_dim=128,
+                    hidden_dim=9216, vocab_size=131072, sliding_window=8192),
+    },
+    "full": {  # the real layer counts: 4.4 B parameters
+        "enc": dict(dim=1280, n_layers=32, n_heads=32, head_dim=64, hidden_dim=5120,
+                    sliding_window=750),
+        "dec": dict(dim=3072, n_layers=26, n_heads=32, n_kv_heads=8, head_dim=128,
                     hidden_dim=9216, vocab_size=131072, sliding_window=8192),
     },
 }
@@ -128,17 +135,18 @@ def write_checkpoint(folder: Path, enc: dict[str, int], dec: dict[str, int], dty
     sys.path.insert(0, str(ROOT))
     from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
 
-    rng = np.random.default_rng(seed)
+    key = mx.random.key(seed)  # drawn by MLX (numpy takes minutes for 4.4 B parameters)
     tensors: dict[str, mx.array] = {}
     for name, shape in mistral_shapes(enc, dec).items():
-        x = rng.standard_normal(shape, dtype=np.float32)
-        x *= 0.1 if "norm" in name else 0.02
+        key, sub = mx.random.split(key)
+        x = mx.random.uniform(-(3**0.5), 3**0.5, shape, key=sub)  # unit variance; fast
+        x = x * (0.1 if "norm" in name else 0.02)
         if "norm" in name:
-            x += 1.0
+            x = x + 1.0
         if name.endswith("tok_embeddings.weight"):
             x[EOS] = 0.0  # logit 0 never wins: random weights cannot end the run
-        tensors[name] = mx.array(x).astype(dtype)
-        del x
+        tensors[name] = x.astype(dtype)
+        mx.eval(tensors[name])
     mx.save_safetensors(str(folder / "consolidated.safetensors"), tensors)
     del tensors
     (folder / "params.json").write_text(json.dumps(params_json(enc, dec), indent=2))
@@ -390,9 +398,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dec-layers", type=int)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--dtype", choices=sorted(DTYPES),
-                    help="default: bfloat16 for full-narrow, float32 for tiny")
+                    help="default: bfloat16 for full-narrow and full, float32 for tiny")
     ap.add_argument("--steps", type=int,
-                    help="timed steps after warm-up; default 10 (full-narrow), 50 (tiny)")
+                    help="timed steps after warm-up; default 10 (full, full-narrow), 50 (tiny)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-peer", action="store_true", help="skip mlx-audio")
@@ -401,9 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     enc, dec = dict(CONFIGS[args.config]["enc"]), dict(CONFIGS[args.config]["dec"])
     enc["n_layers"] = args.enc_layers or enc["n_layers"]
     dec["n_layers"] = args.dec_layers or dec["n_layers"]
-    dtype_name = args.dtype or ("bfloat16" if args.config == "full-narrow" else "float32")
+    dtype_name = args.dtype or ("float32" if args.config == "tiny" else "bfloat16")
     dtype = DTYPES[dtype_name]
-    args.steps = args.steps or (10 if args.config == "full-narrow" else 50)
+    args.steps = args.steps or (50 if args.config == "tiny" else 10)
 
     peer_version = None
     if not args.no_peer:

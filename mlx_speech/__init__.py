@@ -30,9 +30,10 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     depend on the model type). `log(line)` hears how much a hub download is about to fetch,
     and `loading ...` once the checks pass.
     """
+    import inspect
     from pathlib import Path
 
-    from .errors import CheckpointError
+    from .errors import CheckpointError, MlxSpeechError
     from .hub import detect_model_type, resolve
     from .registry import ARCHIVES, NAMES, archive_type, model_module, weight_patterns, wrong_kind
 
@@ -41,6 +42,17 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
             raise CheckpointError(msg)
         if check is not None:
             check(model_type)
+        loader(model_type)  # options it does not take: refused before any weights
+
+    def loader(model_type: str):
+        load = model_module(model_type).load
+        params = inspect.signature(load).parameters
+        if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
+            unknown = sorted(set(kwargs) - set(params))
+            if unknown:  # e.g. a Voxtral-only option for another model
+                raise MlxSpeechError(f"{NAMES.get(model_type, model_type)} models take no "
+                                     f"{', '.join(unknown)} option")
+        return load
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
@@ -52,7 +64,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     checks(model_type)
     if log is not None:
         log(f"loading {path_or_repo} ({NAMES.get(model_type, model_type)})")
-    return model_module(model_type).load(folder, **kwargs)
+    return loader(model_type)(folder, **kwargs)
 
 
 __all__ = ["DEFAULT_ASR_MODEL", "__version__", "load"]

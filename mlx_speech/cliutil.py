@@ -93,6 +93,21 @@ def add_quantize_args(p) -> None:
                    help="quantization group size (default 64)")
 
 
+def add_window_args(p) -> None:
+    """`--decoder-window N` / `--encoder-window M`: Voxtral Realtime's memory lever."""
+    p.add_argument("--decoder-window", type=int, metavar="N",
+                   help="Voxtral Realtime: attend to the last N decoder positions (default "
+                        "the model's 8192): less memory per stream, slightly different text")
+    p.add_argument("--encoder-window", type=int, metavar="M",
+                   help="Voxtral Realtime: attend to the last M encoder frames (default 750)")
+
+
+def window_kwargs(args) -> dict:
+    """The `mlx_speech.load` keyword arguments for `add_window_args`' options."""
+    return {k: v for k, v in (("decoder_window", args.decoder_window),
+                              ("encoder_window", args.encoder_window)) if v is not None}
+
+
 def quantize_kwargs(args) -> dict:
     """The `mlx_speech.load` keyword arguments for `add_quantize_args`' options."""
     if args.quantize is None:

@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL, hotwords
-from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import (
+    ArgumentParser,
+    add_quantize_args,
+    add_window_args,
+    log,
+    quantize_kwargs,
+    run_cli,
+    window_kwargs,
+)
 from .errors import MlxSpeechError
 from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
 
@@ -296,6 +304,7 @@ def build_parser() -> ArgumentParser:
                    help="diarization model for --diarize (default: streaming Sortformer "
                         "v2.1, mlx-community fp16)")
     add_quantize_args(p)
+    add_window_args(p)
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
 
@@ -362,7 +371,7 @@ def _run(args) -> None:
 
     model = mlx_speech.load(args.model, kind="asr", log=log,
                             check=lambda t: check_latency(t, args.latency_ms),
-                            **quantize_kwargs(args))
+                            **quantize_kwargs(args), **window_kwargs(args))
     from .registry import check_loaded
 
     check_loaded(args.model, model, "asr")

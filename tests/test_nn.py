@@ -12,6 +12,7 @@ from mlx_speech.nn import (
     SlidingKVCache,
     window_mask,
 )
+from mlx_speech.nn import cache as cache_module
 
 
 def _attend(q, k, v, mask):
@@ -85,10 +86,9 @@ def test_reanchor_under_gpu_rope_arithmetic(gpu_rope, traditional):
         batch.reanchor([1, -1, 0], 8, traditional=traditional, base=1e4)
 
 
-def _window_mask_of(rows, length: int) -> np.ndarray:
+def _window_mask_of(rows, length: int, used: int) -> np.ndarray:
     """The (B, 1, L, S) boolean mask from slot positions, written out in numpy."""
     cap, window = rows[0].capacity, rows[0].window
-    used = min(cap, max(r.offset for r in rows) + length)
     out = np.zeros((len(rows), 1, length, used), bool)
     for b, r in enumerate(rows):
         for t in range(length):
@@ -96,37 +96,49 @@ def _window_mask_of(rows, length: int) -> np.ndarray:
             for s in range(used):  # the newest position <= the row's last one in slot s
                 last = r.offset + length - 1
                 p = last - ((last - s) % cap) if last >= cap else s
-                out[b, 0, t, s] = 0 <= q - p < window
+                out[b, 0, t, s] = 0 <= q - p < window and p <= last
     return out
 
 
-def test_ring_batch_mask_takes_the_forms_fused_kernels_take():
-    """None when every query sees every slot in use (decode inside the window), "causal"
-    when rows in step see exactly their earlier positions, else the boolean mask; attention
-    is the same as with the boolean mask in every case."""
+@pytest.mark.parametrize("fixed", [True, False])
+def test_ring_batch_mask_takes_the_forms_fused_kernels_take(monkeypatch, fixed):
+    """With fixed shapes (GPU backends) attention sees every allocated slot (power-of-two
+    sizes from `step`, then the capacity; unwritten slots masked), else the slots in use.
+    None when every query sees every slot (decode inside
+    the window), "causal" when rows in step see exactly their earlier positions, else the
+    boolean mask; attention is the same as with the boolean mask in every case."""
+    monkeypatch.setattr(cache_module, "FIXED_SHAPES", fixed)
     rng = np.random.default_rng(3)
     rows = [RingRow(8, 3) for _ in range(3)]  # capacity 10
     late = RingRow(8, 3)
-    forms = []
+    forms, sizes = [], []
     for step, L in enumerate([2, 1, 1, 1, 1, 1, 1, 1, 3, 1]):
         group = rows + [late] if step in (4, 5) else rows  # a row out of step, for 2 steps
-        batch = RingBatch.gather(group)
-        expect = _window_mask_of(group, L)
+        batch = RingBatch.gather(group, step=2)
         mask = batch.make_mask(L)
-        forms.append(mask if mask is None or isinstance(mask, str) else "array")
-        if not isinstance(mask, str) and mask is not None:
-            np.testing.assert_array_equal(np.array(mask), expect)
+        expect = _window_mask_of(group, L, batch._attended(max(r.offset for r in group) + L))
         q, k, v = (mx.array(rng.standard_normal((len(group), 2, L, 4)).astype(np.float32))
                    for _ in range(3))
         kk, vv = batch.update_and_fetch(k, v)
+        assert kk.shape[2] == expect.shape[-1]
+        sizes.append(kk.shape[2])
+        forms.append(mask if mask is None or isinstance(mask, str) else "array")
+        if not isinstance(mask, str) and mask is not None:
+            np.testing.assert_array_equal(np.array(mask), expect)
         np.testing.assert_allclose(np.array(_attend(q, kk, vv, mask)),
                                    np.array(_attend(q, kk, vv, mx.array(expect))), atol=1e-6)
     # the window binds from position 8 on
-    assert forms == ["causal", None, None, None, "array", "array", None, "array", "array",
-                     "array"]
-    single = RingBatch.gather([RingRow(4, 1)])  # capacity == window: never masked at L = 1
-    for _ in range(9):
-        assert single.make_mask(1) is None
+    if fixed:
+        assert sizes == [2, 4, 4, 8, 8, 8, 8, 10, 10, 10]  # the fixed set: 2, 4, 8, capacity
+        assert forms == ["causal", "array", None, "array", "array", "array", None, "array",
+                         "array", "array"]
+    else:
+        assert sizes == [2, 3, 4, 5, 6, 7, 8, 9, 10, 10]
+        assert forms == ["causal", None, None, None, "array", "array", None, "array",
+                         "array", "array"]
+    single = RingBatch.gather([RingRow(4, 1)])  # capacity == window: full, never masked
+    for i in range(9):
+        assert (single.make_mask(1) is None) == (i >= 3 or not fixed)
         single.update_and_fetch(mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2)))
 
 

@@ -23,6 +23,42 @@ def rotate_back(x: mx.array, delta: int | mx.array, dims: int, *, traditional: b
     return y * sign
 
 
+# Attention over a fixed set of shapes (every allocated ring slot, masked, instead of the slots
+# in use; callers also bucket batch sizes and chunk lengths): GPU backends build kernels and
+# graphs per shape, so a stream then reuses a few from its first second on. On the CPU the
+# extra mask costs more than a new shape does: None = GPU backends only.
+FIXED_SHAPES: bool | None = None
+
+
+def fixed_shapes() -> bool:
+    """Whether streaming steps use a fixed set of shapes (see FIXED_SHAPES)."""
+    if FIXED_SHAPES is not None:
+        return FIXED_SHAPES
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def ring_slots(end: int, capacity: int, step: int) -> int:
+    """Slots a ring holds once `end` positions were written: a power of two from `step` up,
+    then `capacity`; a stream's attention shapes come from this small fixed set."""
+    return min(capacity, max(step, 1 << (end - 1).bit_length()))
+
+
+def pack8(x: mx.array) -> mx.array:
+    """(..., D) floats -> (..., D + 4) uint8: int8 values scaled per vector (max |x| -> 127)
+    and the float32 scale's bytes, one array, so ring writes, gathers and pads need nothing
+    new. About 8.25 (D = 128) or 8.5 (D = 64) bits per element."""
+    s = mx.maximum(mx.abs(x).max(-1, keepdims=True).astype(mx.float32), 1e-30) / 127
+    q = mx.round(x.astype(mx.float32) / s).astype(mx.int8)
+    return mx.concatenate([q.view(mx.uint8), s.view(mx.uint8)], axis=-1)
+
+
+def unpack8(p: mx.array, dtype: mx.Dtype) -> mx.array:
+    """`pack8`'s inverse (zeros unpack to zeros)."""
+    D = p.shape[-1] - 4
+    return (p[..., :D].view(mx.int8).astype(mx.float32) * p[..., D:].view(mx.float32)
+            ).astype(dtype)
+
+
 def window_mask(q_pos: mx.array, k_pos: mx.array, window: int) -> mx.array:
     """Boolean (Lq, Lk) mask: query at q sees key at k iff q - window < k <= q."""
     d = q_pos[:, None] - k_pos[None, :]
@@ -54,20 +90,32 @@ class SlidingKVCache:
     def rope_offset(self) -> int:
         return self.offset - self.shift
 
-    def _slot_positions(self, end: int) -> mx.array:
+    def _attended(self, end: int) -> int:
+        """Slots attention sees once `end` positions were written: every allocated one
+        with `fixed_shapes()` (a power of two from `step`, then the capacity), else those
+        in use."""
+        if not fixed_shapes():
+            return min(end, self.capacity)
+        n = ring_slots(end, self.capacity, self.step)
+        return n if self.keys is None else max(n, self.keys.shape[2])
+
+    def slot_positions(self, end: int) -> mx.array:
+        """The position each attended slot holds once `end` positions were written (a slot
+        not written yet gets a position past the newest, so masks hide it)."""
+        n = self._attended(end)
+        s = mx.arange(n)
         if end <= self.capacity:
-            return mx.arange(end)
-        s = mx.arange(self.capacity)
+            return s
         return (end - 1) - ((end - 1 - s) % self.capacity)
 
     def make_mask(self, length: int) -> mx.array:
         """Mask for `length` new queries against the slots after they are written."""
         q = mx.arange(self.offset, self.offset + length)
-        return window_mask(q, self._slot_positions(self.offset + length), self.window)
+        return window_mask(q, self.slot_positions(self.offset + length), self.window)
 
     def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
         B, H, _, D = k.shape
-        n = min(self.capacity, -(-end // self.step) * self.step)
+        n = ring_slots(end, self.capacity, self.step)
         if self.keys is not None and self.keys.shape[2] >= n:
             return
         new_k = mx.zeros((B, H, n, D), k.dtype)
@@ -79,7 +127,7 @@ class SlidingKVCache:
         self.keys, self.values = new_k, new_v
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        """Write (B, H, L, D) keys/values; return every slot in use."""
+        """Write (B, H, L, D) keys/values; return the slots attention sees (`_attended`)."""
         L = k.shape[2]
         if L > self.max_chunk:
             raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
@@ -93,8 +141,10 @@ class SlidingKVCache:
             self.keys[:, :, : L - first] = k[:, :, first:]
             self.values[:, :, : L - first] = v[:, :, first:]
         self.offset = end
-        used = min(end, self.capacity)
-        return self.keys[:, :, :used], self.values[:, :, :used]
+        n = self._attended(end)
+        if n == self.keys.shape[2]:
+            return self.keys, self.values
+        return self.keys[:, :, :n], self.values[:, :, :n]
 
     def reanchor(self, delta: int, head_dim: int, *, traditional: bool, base: float):
         """Lower the RoPE clock by `delta`: rotate every cached key by -delta.
@@ -136,16 +186,25 @@ def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
+_ROPE_OFFSETS: list = [None, None]  # the last (clocks, array) RingBatch.rope_offset made
+
+
 class RingRow:
     """One stream's sliding-window ring cache (see SlidingKVCache), stored as a row
     of a RingBatch: streams that step together share one batched array, each row
     with its own clock (`offset`, `shift`), so streams at different positions and
-    fill levels run in one step. `keys` / `values` are that row, (1, H, n, D)."""
+    fill levels run in one step. `keys` / `values` are that row, (1, H, n, D).
+    A `pad` row only fills a batch up to a bucketed size (its results are dropped)."""
 
-    def __init__(self, window: int, max_chunk: int = 1):
+    def __init__(self, window: int, max_chunk: int = 1, pad: bool = False,
+                 kv_bits: int | None = None):
+        if kv_bits not in (None, 8):
+            raise ValueError(f"kv_bits must be None or 8, got {kv_bits!r}")
         self.window, self.max_chunk = window, max_chunk
         self.capacity = window + max_chunk - 1
         self.offset = self.shift = 0
+        self.pad = pad
+        self.kv_bits = kv_bits  # 8: keys and values stored 8-bit (`pack8`)
         self.home: RingBatch | None = None
         self.index = 0
 
@@ -176,7 +235,10 @@ class RingBatch:
     Same interface as SlidingKVCache for the attention (`rope_offset` is a (B,)
     array: mx.fast.rope takes one offset per row), with per-row slot writes, masks
     and re-anchoring. Work per step is bounded by the ring capacity whatever the
-    streams' lengths.
+    streams' lengths. Rings grow in a few power-of-two sizes, then the capacity
+    (`ring_slots`). With `fixed_shapes()` attention sees every allocated slot, unwritten
+    ones masked, so a stream calls attention with a small fixed set of shapes however long
+    it runs; else only the slots in use.
     """
 
     def __init__(self, rows: list[RingRow], keys: mx.array | None = None,
@@ -184,20 +246,31 @@ class RingBatch:
         self.rows, self.keys, self.values, self.step = rows, keys, values, step
         r = rows[0]
         self.window, self.max_chunk, self.capacity = r.window, r.max_chunk, r.capacity
+        self.kv_bits = r.kv_bits
+        self.dtype: mx.Dtype | None = None  # the attention's (kv_bits 8 stores `pack8`)
         for i, row in enumerate(rows):
             row.home, row.index = self, i
 
     @classmethod
-    def gather(cls, rows: list[RingRow], step: int = 256) -> RingBatch:
-        """The batch holding exactly `rows` (in order): reused when it exists, else
-        built from the rows' current homes (one copy, only when the set changes)."""
-        r0 = rows[0]
-        if any((r.window, r.max_chunk) != (r0.window, r0.max_chunk) for r in rows):
-            raise ValueError("rows of one RingBatch need the same window and max_chunk")
+    def gather(cls, rows: list[RingRow], step: int = 256, size: int | None = None) -> RingBatch:
+        """The batch holding exactly `rows` (in order), padded to `size` rows with pad rows
+        (clones of the first row's clock and slots): reused when it exists, else built from
+        the rows' current homes (one copy, only when the set changes)."""
+        r0, size = rows[0], size or len(rows)
+        if any((r.window, r.max_chunk, r.kv_bits) != (r0.window, r0.max_chunk, r0.kv_bits)
+               for r in rows):
+            raise ValueError("rows of one RingBatch need the same window, max_chunk, kv_bits")
         h = r0.home
-        if (h is not None and len(h.rows) == len(rows)
-                and all(r.home is h and r.index == i for i, r in enumerate(rows))):
+        if (h is not None and len(h.rows) == size
+                and all(r.home is h and r.index == i for i, r in enumerate(rows))
+                and all(r.pad for r in h.rows[len(rows):])):
             return h
+        pads = []
+        for _ in range(size - len(rows)):
+            p = RingRow(r0.window, r0.max_chunk, pad=True, kv_bits=r0.kv_bits)
+            p.offset, p.shift, p.home, p.index = r0.offset, r0.shift, r0.home, r0.index
+            pads.append(p)
+        rows = rows + pads
         homed = [r for r in rows if r.home is not None and r.home.keys is not None]
         if not homed:
             return cls(rows, step=step)
@@ -215,35 +288,52 @@ class RingBatch:
 
         keys = stack_rows([part(r, "keys") for r in rows])
         values = stack_rows([part(r, "values") for r in rows])
-        return cls(rows, keys, values, step)
+        out = cls(rows, keys, values, step)
+        out.dtype = like.dtype
+        return out
 
     @property
     def rope_offset(self) -> mx.array:
-        return mx.array([r.offset - r.shift for r in self.rows], mx.int32)
+        """(B,) int32 RoPE clocks; every layer of a step shares one array (one host copy per
+        step, not one per layer)."""
+        key = tuple(r.offset - r.shift for r in self.rows)
+        if _ROPE_OFFSETS[0] != key:
+            _ROPE_OFFSETS[:] = [key, mx.array(key, mx.int32)]
+        return _ROPE_OFFSETS[1]
+
+    def _slots(self, end: int) -> int:
+        """Slots held once the rows' positions reach `end` (never fewer than now)."""
+        n = ring_slots(end, self.capacity, self.step)
+        return n if self.keys is None else max(n, self.keys.shape[2])
+
+    def _attended(self, end: int) -> int:
+        """Slots attention sees once the rows' positions reach `end`."""
+        return self._slots(end) if fixed_shapes() else min(end, self.capacity)
 
     def make_mask(self, length: int) -> mx.array | str | None:
-        """(B, 1, L, S) mask for `length` new queries per row, against the slots in
-        use after the write (S = the widest row's). None when every query sees every
-        slot and "causal" when rows in step see exactly their earlier positions: the
-        fused GPU kernels take those (CUDA runs no fused decode step with a mask)."""
+        """(B, 1, L, S) mask for `length` new queries per row, against the slots attention
+        sees after the write (S = `_attended`, unwritten slots hidden). None when every
+        query sees every slot and "causal" when rows in step see exactly their earlier
+        positions: the fused GPU kernels take those (CUDA runs no fused decode step with a
+        mask)."""
         cap, window = self.capacity, self.window
         o = [r.offset for r in self.rows]
-        used = min(cap, max(o) + length)
-        if length == 1 and all(x + 1 >= used and min(x + 1, cap) <= window for x in o):
-            return None  # every row wrote every slot in use, all within its window
-        if min(o) == max(o) and o[0] + length <= min(cap, window):
+        n = self._attended(max(o) + length)
+        if length == 1 and n <= window and all(min(x + 1, cap) >= n for x in o):
+            return None  # every row wrote every slot, all within its window
+        if min(o) == max(o) and o[0] + length == n <= window:
             return "causal"  # slot s holds position s (no wrap); window never binds
         offs = mx.array(o, mx.int32)[:, None]
-        s = mx.arange(used)[None]
+        s = mx.arange(n)[None]
         last = offs + length - 1
         slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
         q = offs + mx.arange(length)[None]
-        d = q[:, :, None] - slot_pos[:, None, :]
+        d = q[:, :, None] - slot_pos[:, None, :]  # < 0 for a slot not written yet
         return ((d >= 0) & (d < self.window))[:, None]
 
     def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
         B, H, _, D = k.shape
-        n = min(self.capacity, -(-end // self.step) * self.step)
+        n = self._slots(end)
         if self.keys is None:
             self.keys = mx.zeros((B, H, n, D), k.dtype)
             self.values = mx.zeros((B, H, n, v.shape[-1]), v.dtype)
@@ -253,12 +343,16 @@ class RingBatch:
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, H, L, D) keys/values, row b at its own positions; return the slots
-        in use."""
+        attention sees (`_attended`). A chunk longer than `max_chunk` is fine while no row
+        wraps (e.g. a prompt at position 0)."""
         L, cap = k.shape[2], self.capacity
-        if L > self.max_chunk:
-            raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
         offs = [r.offset for r in self.rows]
         end = max(offs) + L
+        if L > self.max_chunk and end > cap:
+            raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
+        self.dtype = k.dtype
+        if self.kv_bits:  # stored 8-bit, a scale per vector (`pack8`)
+            k, v = pack8(k), pack8(v)
         self._grow(k, v, end)
         if all(o == offs[0] for o in offs):  # rows in step: contiguous slot writes
             start = offs[0] % cap
@@ -274,8 +368,13 @@ class RingBatch:
             self.values = mx.put_along_axis(self.values, idx, v, axis=2)
         for r in self.rows:
             r.offset += L
-        used = min(end, cap)
-        return self.keys[:, :, :used], self.values[:, :, :used]
+        n = self._attended(end)
+        keys, values = self.keys, self.values
+        if n != keys.shape[2]:
+            keys, values = keys[:, :, :n], values[:, :, :n]
+        if self.kv_bits:
+            keys, values = unpack8(keys, self.dtype), unpack8(values, self.dtype)
+        return keys, values
 
     def deltas(self, length: int, limit: int) -> list[int]:
         """Per row, how far to lower the RoPE clock so `length` more positions stay
@@ -298,11 +397,13 @@ class RingBatch:
         if min(deltas) < 0:
             raise ValueError(f"re-anchoring only lowers the RoPE clock, got deltas {deltas}")
         if self.keys is not None:
-            k = self.keys
+            k = self.keys if not self.kv_bits else unpack8(self.keys, self.dtype)
             flat = rotate_back(k.reshape(k.shape[0], -1, 1, k.shape[-1]),
                                mx.array(deltas, mx.int32), head_dim,
                                traditional=traditional, base=base)
             self.keys = flat.reshape(k.shape)
+            if self.kv_bits:
+                self.keys = pack8(self.keys)
         for r, d in zip(self.rows, deltas, strict=True):
             r.shift += d
 

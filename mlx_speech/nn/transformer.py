@@ -11,9 +11,14 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cache import fixed_shapes
+
 
 class KVCache:
-    """Keys/values of every position so far, grown in steps (no window)."""
+    """Keys/values of every position so far, grown in power-of-two steps (no window).
+
+    With `fixed_shapes()` (GPU backends) attention sees every allocated slot, the ones not
+    written yet masked (`make_mask`), so a long generation reuses a few shapes."""
 
     def __init__(self, step: int = 256):
         self.step = step
@@ -25,12 +30,26 @@ class KVCache:
     def rope_offset(self) -> int:
         return self.offset
 
+    def _attended(self, end: int) -> int:
+        if not fixed_shapes():
+            return end
+        n = max(self.step, 1 << (end - 1).bit_length())
+        return n if self.keys is None else max(n, self.keys.shape[2])
+
+    def make_mask(self, length: int) -> mx.array | str | None:
+        """Mask for `length` new queries (causal) against the slots attention sees."""
+        end = self.offset + length
+        n = self._attended(end)
+        if n == end and (length == 1 or self.offset == 0):
+            return None if length == 1 else "causal"
+        return mx.arange(self.offset, end)[:, None] >= mx.arange(n)[None]
+
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        """Append (B, H, L, D) keys/values; return all of them."""
+        """Append (B, H, L, D) keys/values; return the slots attention sees."""
         L = k.shape[2]
         end = self.offset + L
         if self.keys is None or end > self.keys.shape[2]:
-            n = -(-end // self.step) * self.step
+            n = max(self.step, 1 << (end - 1).bit_length())
             B, H, _, D = k.shape
             new_k = mx.zeros((B, H, n, D), k.dtype)
             new_v = mx.zeros((B, H, n, v.shape[-1]), v.dtype)
@@ -41,7 +60,10 @@ class KVCache:
         self.keys[:, :, self.offset : end] = k
         self.values[:, :, self.offset : end] = v
         self.offset = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        n = self._attended(end)
+        if n == self.keys.shape[2]:
+            return self.keys, self.values
+        return self.keys[:, :, :n], self.values[:, :, :n]
 
     @property
     def state(self) -> list[mx.array]:

@@ -22,7 +22,7 @@ websockets, sphn).
 
 from __future__ import annotations
 
-from ..cliutil import ArgumentParser, log, run_cli
+from ..cliutil import ArgumentParser, add_window_args, log, run_cli, window_kwargs
 from ..errors import MlxSpeechError, optional
 
 
@@ -38,6 +38,7 @@ def build_parser() -> ArgumentParser:
                                      "MLX_SPEECH_API_KEY environment variable, unseen by ps)")
     p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
+    add_window_args(p)
     p.add_argument("--allowed-origin", action="append", default=[],
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
@@ -79,7 +80,7 @@ def build_parser() -> ArgumentParser:
 SERVED_KINDS = ("asr", "tts", "duplex")
 
 
-def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object]:
+def load_models(ids: list[str], quantize: int | None = None, **load_kwargs) -> dict[str, object]:
     import mlx_speech
 
     from ..registry import check_loaded
@@ -90,7 +91,7 @@ def load_models(ids: list[str], quantize: int | None = None) -> dict[str, object
     models = {}
     for m in ids:
         model = mlx_speech.load(m, kind=SERVED_KINDS, log=log,
-                                **({"quantize": quantize} if quantize else {}))
+                                **({"quantize": quantize} if quantize else {}), **load_kwargs)
         check_loaded(m, model, SERVED_KINDS)
         models[m] = model
     return models
@@ -191,7 +192,7 @@ def _run(args) -> None:
     sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket
     try:
         port = sock.getsockname()[1]
-        models = load_models(args.model, args.quantize)
+        models = load_models(args.model, args.quantize, **window_kwargs(args))
         vad = None if args.no_vad else load_server_vad(args.vad)
         diarizer = None
         if args.diarizer:

@@ -160,20 +160,18 @@ class TransformerState:
             c.offset = 0
 
     def mask(self, length: int) -> mx.array | str | None:
-        """Boolean (length, used slots) mask for the next `length` queries; None if all visible,
-        "causal" if the window does not bind yet (the forms the fused GPU kernels take)."""
-        if length == 1 and min(self.offset + 1, self.capacity) <= self.window:
-            return None
-        if self.offset + length <= min(self.capacity, self.window):
-            return "causal"
-        q = mx.arange(self.offset, self.offset + length)
+        """Boolean (length, attended slots) mask for the next `length` queries; None if all
+        visible, "causal" if the window does not bind yet (the forms the fused GPU kernels
+        take). The slots are the ring's (`SlidingKVCache._attended`: every allocated one with
+        fixed shapes, so a stream reuses a few shapes)."""
         end = self.offset + length
-        if end <= self.capacity:
-            k = mx.arange(end)
-        else:
-            s = mx.arange(self.capacity)
-            k = (end - 1) - ((end - 1 - s) % self.capacity)
-        d = q[:, None] - k[None, :]
+        n = self.layers[0]._attended(end)
+        if length == 1 and min(end, self.capacity) >= n and n <= self.window:
+            return None
+        if end == n <= min(self.capacity, self.window):
+            return "causal"
+        q = mx.arange(self.offset, end)
+        d = q[:, None] - self.layers[0].slot_positions(end)[None, :]
         return (d >= 0) & (d < self.window)
 
     def arrays(self) -> list[mx.array]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...nn import ConvCache
 from ...nn import boost as _boost
+from ..asr import CLEAR_CACHE_EVERY
 from .encoder import ContextKVCache, EncoderState, StridedConvCache
 from .transducer import DecoderState, Model
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from .session import Session
 
 MAX_MEL_PER_CALL = 800  # bounds one encoder call (a big feed is split): 8 s of audio
-CLEAR_CACHE_EVERY = 256
 # Pad a group to a power of two with copies of its first row (dropped after the step): GPU
 # backends build a cuDNN graph per input shape (attention, convolutions), so a server's changing
 # session count then reuses a few shapes. On the CPU a padded row costs a real one: None = GPU only.

@@ -129,16 +129,21 @@ class Model(nn.Module):
     def dtype(self) -> mx.Dtype:
         return self.norm.weight.dtype  # the embedding may be quantized
 
-    def make_encoder_state(self, max_chunk_frames: int) -> EncoderState:
+    def make_encoder_state(self, max_chunk_frames: int,
+                           kv_bits: int | None = None) -> EncoderState:
         e = self.config.encoder
         return EncoderState([ConvCache(), ConvCache()],
-                            [RingRow(e.sliding_window, max_chunk_frames)
+                            [RingRow(e.sliding_window, max_chunk_frames, kv_bits=kv_bits)
                              for _ in range(e.n_layers)])
 
-    def make_decoder_cache(self, max_chunk: int) -> list[RingRow]:
-        """One stream's decoder caches; `RingBatch.gather` stacks streams for a step."""
+    def make_decoder_cache(self, max_chunk: int, kv_bits: int | None = None) -> list[RingRow]:
+        """One stream's decoder caches; `RingBatch.gather` stacks streams for a step.
+        `kv_bits=8` stores keys and values in 8 bits (`nn.cache.pack8`)."""
         d = self.config.decoder
-        return [RingRow(d.sliding_window, max_chunk) for _ in range(d.n_layers)]
+        # L > 1 only for the prompt, at position 0: when the window holds it, the ring is the
+        # window (a full ring's decode step then sees every slot: no mask, the fused kernels)
+        chunk = 1 if max_chunk <= d.sliding_window else max_chunk
+        return [RingRow(d.sliding_window, chunk, kv_bits=kv_bits) for _ in range(d.n_layers)]
 
     def ffn_scales(self, n_delay: int) -> list[mx.array]:
         """Per-layer 1 + ada(t_cond), constant for a session."""

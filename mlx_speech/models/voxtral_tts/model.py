@@ -161,13 +161,10 @@ class Model(nn.Module):
     def hidden(self, x: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         """(B, L, dim) input embeddings -> (B, L, dim) final-normed hidden states."""
         L = x.shape[1]
-        offset = 0 if cache is None else cache[0].offset
-        if L == 1:
-            mask = None
-        elif offset == 0:
-            mask = "causal"
+        if cache is not None:
+            mask = cache[0].make_mask(L)
         else:
-            mask = mx.arange(offset, offset + L)[:, None] >= mx.arange(offset + L)[None]
+            mask = None if L == 1 else "causal"
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, None if cache is None else cache[i])
         return self.norm(x)
