@@ -89,13 +89,16 @@ def _stream_encoder(model, mel, r, sizes):
     outs, i, k = [], 0, 0
     while i < mel.shape[1]:
         n = sizes[k % len(sizes)]
-        o = model.encoder(mel[:, i: i + n], state=st)
+        o = model.encoder(mel[:, i: i + n], state=st)  # None: no complete block yet
         mx.eval(o, st.arrays())
-        assert o.shape[1] % (r + 1) == 0  # only whole blocks before the end
+        assert o is None or o.shape[1] % (r + 1) == 0  # only whole blocks before the end
         assert st.kv[0].length <= model.config.encoder.left_context
-        outs.append(np.array(o[0]))
+        if o is not None:
+            outs.append(np.array(o[0]))
         i, k = i + n, k + 1
-    outs.append(np.array(model.encoder(mel[:, :0], state=st, final=True)[0]))
+    o = model.encoder(mel[:, :0], state=st, final=True)
+    if o is not None:
+        outs.append(np.array(o[0]))
     return np.concatenate(outs)
 
 

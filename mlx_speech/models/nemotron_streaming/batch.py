@@ -201,11 +201,15 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
     pad = _padded(n) - n  # padded rows repeat row 0; their outputs are dropped
     st = _stack_encoder([s.enc_state for s in group] + [group[0].enc_state] * pad)
     offset = st.offset
-    chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
-    x = m.encoder_projector(m.encoder(chunk, state=st, final=final))
+    chunk = None  # no new mel (a final flush): nothing zero-size reaches a kernel
+    if len(mels[0]):
+        chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
+    x = m.encoder(chunk, state=st, final=final)
+    if x is not None:
+        x = m.encoder_projector(x)
     mx.eval(x, st.arrays())
     _split_encoder(st, [s.enc_state for s in group], offset)
-    if x.shape[1] == 0:
+    if x is None:
         return [""] * n
     dec_in = [s.dec_state for s in group] + [group[0].dec_state] * pad
     toks, where, dec = greedy_decode(m, x, _stack_decoder(dec_in))
