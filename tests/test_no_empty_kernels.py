@@ -22,7 +22,7 @@ from tests.conftest import speechlike
 from tests.kernel_watch import EmptyKernelInput
 
 NEMOTRON = Path(__file__).parent / "golden" / "nemotron"
-RAGGED = [[1], [3], [17], [160], [1279, 3, 0, 5000], [12000]]
+RAGGED = [[1], [3], [17], [160], [1000], [1279, 3, 0, 5000], [12000]]  # 1000: live_turns
 
 
 @pytest.fixture(scope="module")

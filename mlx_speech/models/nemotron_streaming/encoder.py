@@ -127,25 +127,34 @@ class Subsampling(nn.Module):
 class ContextKVCache:
     """Keys/values of the last `size` frames, kept in time order (rel-pos needs it).
 
-    Starts empty, so the first chunk sees exactly what offline sees; the copy per
-    call is bounded by size + chunk frames.
+    Always `size` frames long: zeros stand in front until `valid` frames are real, and the
+    encoder masks them, so the first chunk sees exactly what offline sees while attention
+    keeps one key length from the first chunk on (a GPU builds kernels per shape). The copy
+    per call is bounded by size + chunk frames.
     """
 
     def __init__(self, size: int):
         self.size = size
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
+        self.valid = 0  # real frames among the last `size`
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        """Real (unmasked) frames held."""
+        return self.valid
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is not None:
-            k = mx.concatenate([self.keys, k], axis=2)
-            v = mx.concatenate([self.values, v], axis=2)
-        start = max(0, k.shape[2] - self.size)
+        """(B, H, T, dh) new keys/values -> the `size` cached frames and the new ones."""
+        if self.keys is None:
+            B, H, _, dh = k.shape
+            self.keys = mx.zeros((B, H, self.size, dh), k.dtype)
+            self.values = mx.zeros((B, H, self.size, v.shape[-1]), v.dtype)
+        k = mx.concatenate([self.keys, k], axis=2)
+        v = mx.concatenate([self.values, v], axis=2)
+        start = k.shape[2] - self.size
         self.keys, self.values = k[:, :, start:], v[:, :, start:]
+        self.valid = min(self.size, self.valid + k.shape[2] - self.size)
         return k, v
 
     @property
@@ -278,8 +287,8 @@ class EncoderState:
     # cache is full, so steady-state chunks skip the (left + T) x D x D projection
     pos_shape: tuple[int, int] | None = None
     pos_keys: list[mx.array] | None = None
-    # streams stacked on the batch axis whose caches hold different numbers of
-    # frames: row b's cache is left-padded, its real length is n_valid[b]
+    # streams stacked on the batch axis: row b's cache holds n_valid[b] real frames (the
+    # rest, in front, is masked); None: read kv[0].valid (one stream)
     n_valid: list[int] | None = None
 
     def arrays(self) -> list[mx.array]:
@@ -340,7 +349,8 @@ class Encoder(nn.Module):
             if not n:
                 return None
             x = x if n == have else x[:, :n]
-            offset, n_cached = state.offset, state.kv[0].length
+            offset, n_cached = state.offset, state.kv[0].size
+            n_valid = state.n_valid or [state.kv[0].valid]
             state.offset += n
         if x is None:
             return None
@@ -350,8 +360,8 @@ class Encoder(nn.Module):
             q = mx.arange(offset, offset + T)
             mask = chunked_limited_mask(q, mx.arange(offset - n_cached, offset + T), block,
                                         c.left_context // block)
-        if state is not None and state.n_valid is not None:  # hide rows' left padding
-            first = mx.array([n_cached - n for n in state.n_valid])[:, None, None, None]
+        if state is not None and min(n_valid) < n_cached:  # hide the caches' zero fill
+            first = mx.array([n_cached - n for n in n_valid])[:, None, None, None]
             valid = mx.arange(n_cached + T)[None, None, None] >= first  # (B, 1, 1, Tk)
             mask = valid if mask is None else valid & mask
         shape = (n_cached + T, T)
