@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import time
@@ -131,6 +132,7 @@ def run(folder: Path, dtype: mx.Dtype, b: int, ticks: int, lead: int) -> dict:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(nb.CONFIGS), default="full-narrow")
     ap.add_argument("--layers", type=int, default=2)

@@ -18,6 +18,7 @@ The target (issue 21): quantized no slower than dense at any batch size.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ def best_ms(f, reps: int) -> float:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4096x1024")
     ap.add_argument("--rows", default="1,8,32,128")
