@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 
 from tests.gpu_emulation import gpu_order, gpu_rope, no_float64  # noqa: E402, F401
 from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken  # noqa: E402
+from tests.kernel_watch import kernels  # noqa: E402, F401
 from tests.pulse import pulse  # noqa: E402, F401  (the PulseAudio device fixture)
 
 GOLDEN = Path(__file__).parent / "golden" / "voxtral_realtime"

@@ -51,7 +51,9 @@ def test_emulated_rope_wraps_negative_positions_like_the_gpu_kernels(traditional
 
 
 def test_no_float64_guard_refuses_every_way_to_make_one(no_float64):
-    Float64Error = no_float64
+    """On the CPU the guard raises its Float64Error (a ValueError); on a GPU MLX itself raises
+    a ValueError with the same words first: either passes."""
+    assert issubclass(no_float64, ValueError)
     ok = mx.array(np.arange(3.0))  # numpy float64 in, float32 out: allowed
     assert ok.dtype == mx.float32 and isinstance(ok, mx.array)
     assert isinstance(mx.ones(2) + 1, mx.array)
@@ -61,7 +63,7 @@ def test_no_float64_guard_refuses_every_way_to_make_one(no_float64):
                  lambda: ok.astype(mx.float64),
                  lambda: mx.astype(ok, mx.float64),
                  lambda: mx.ones(2, mx.int64).view(mx.float64)):
-        with pytest.raises(Float64Error, match="float64 is not supported on the GPU"):
+        with pytest.raises(ValueError, match="float64 is not supported on the GPU"):
             make()
 
 

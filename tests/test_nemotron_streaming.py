@@ -89,13 +89,16 @@ def _stream_encoder(model, mel, r, sizes):
     outs, i, k = [], 0, 0
     while i < mel.shape[1]:
         n = sizes[k % len(sizes)]
-        o = model.encoder(mel[:, i: i + n], state=st)
+        o = model.encoder(mel[:, i: i + n], state=st)  # None: no complete block yet
         mx.eval(o, st.arrays())
-        assert o.shape[1] % (r + 1) == 0  # only whole blocks before the end
+        assert o is None or o.shape[1] % (r + 1) == 0  # only whole blocks before the end
         assert st.kv[0].length <= model.config.encoder.left_context
-        outs.append(np.array(o[0]))
+        if o is not None:
+            outs.append(np.array(o[0]))
         i, k = i + n, k + 1
-    outs.append(np.array(model.encoder(mel[:, :0], state=st, final=True)[0]))
+    o = model.encoder(mel[:, :0], state=st, final=True)
+    if o is not None:
+        outs.append(np.array(o[0]))
     return np.concatenate(outs)
 
 
@@ -123,8 +126,9 @@ def test_first_chunk_needs_no_warm_up(nm, ng):
     np.testing.assert_allclose(first, off[:14], atol=1e-5)
     bad = nm.model.encoder.make_state(13)
     dh = nm.config.encoder.head_dim
-    for c in bad.kv:
+    for c in bad.kv:  # zeros taken for 14 real frames
         c.keys = c.values = mx.zeros((1, nm.config.encoder.num_attention_heads, 14, dh))
+        c.valid = 14
     warm = np.array(nm.model.encoder(mel, state=bad)[0])
     assert np.abs(warm - off[:14]).max() > 1e-2
 

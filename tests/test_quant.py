@@ -102,3 +102,41 @@ def test_bad_user_settings(bits, group, mode):
     with pytest.raises(MlxSpeechError) as e:
         quant.quantize(Tiny(), bits, group, mode)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_many_half_precision_rows_run_a_dense_gemm(bits, monkeypatch):
+    """From `DENSE_FROM_ROWS` rows on (CUDA: 32), a quantized Linear with bf16 input
+    dequantizes and runs a dense GEMM: the dense layer's result on the dequantized weight.
+    Fewer rows, float32 input, and the CPU by default keep mx.quantized_matmul."""
+    m, _ = _quantized(bits=bits)
+    lin = m.layers[0]
+    assert type(lin) is quant.QuantizedLinear and isinstance(lin, nn.QuantizedLinear)
+    calls = []
+    real = mx.quantized_matmul
+    monkeypatch.setattr(mx, "quantized_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = mx.random.normal((2, 20, 64)).astype(mx.bfloat16)
+    dense = x @ quant.dense_weight(lin).astype(mx.bfloat16).T + lin.bias.astype(mx.bfloat16)
+    lin(x)
+    assert quant.DENSE_FROM_ROWS["cpu"] is None and len(calls) == 1  # the CPU default
+    monkeypatch.setitem(quant.DENSE_FROM_ROWS, "cpu", 32)
+    out = lin(x)  # 40 rows
+    assert len(calls) == 1 and out.dtype == mx.bfloat16
+    assert mx.allclose(out, dense, atol=1e-2, rtol=2e-2).item()
+    assert mx.allclose(out.astype(mx.float32), nn.QuantizedLinear.__call__(lin, x).astype(
+        mx.float32), atol=5e-2, rtol=5e-2).item()
+    lin(x[:1, :31])  # 31 rows
+    lin(x.astype(mx.float32))  # float32 input
+    assert len(calls) == 4  # and the explicit nn.QuantizedLinear call above
+    no_bias = m.layers[1]
+    h = mx.random.normal((40, 128)).astype(mx.bfloat16)
+    assert mx.allclose(no_bias(h), h @ quant.dense_weight(no_bias).astype(mx.bfloat16).T,
+                       atol=1e-2, rtol=2e-2).item()
+
+
+def test_loaded_quantized_layers_are_ours():
+    m, weights = _quantized(bits=8, group=64)
+    fresh = Tiny()
+    quant.quantize_from_weights(fresh, weights)
+    assert type(fresh.layers[0]) is quant.QuantizedLinear
+    assert type(fresh.emb) is nn.QuantizedEmbedding

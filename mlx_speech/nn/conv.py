@@ -13,6 +13,8 @@ class ConvCache:
         self.tail: mx.array | None = None
 
     def update_and_fetch(self, x: mx.array, pad: int, replicate: bool = False) -> mx.array:
+        if not pad:  # a 1-tap conv keeps no tail (no zero-size array reaches a kernel)
+            return x
         if self.tail is None:
             if replicate:  # stream start padded with copies of the first frame
                 self.tail = mx.repeat(x[:, :1], pad, axis=1)
@@ -46,6 +48,8 @@ class CausalConv1d(nn.Module):
         pad = (self.kernel_size - 1) * self.dilation + 1 - self.stride
         if cache is not None:
             x = cache.update_and_fetch(x, pad, self.replicate)
+        elif not pad:
+            pass
         elif self.replicate:
             x = mx.concatenate([mx.repeat(x[:, :1], pad, axis=1), x], axis=1)
         else:

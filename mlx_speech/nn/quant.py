@@ -34,6 +34,23 @@ _FP_MODES = {(b[0], g[0]): m for m, (b, g) in MODES.items() if m != "affine"}
 
 Keep = Callable[[str, nn.Module], bool]
 
+# Rows (the product of the input's leading dims) from which a quantized Linear with half-precision
+# activations dequantizes its weight and runs a dense GEMM instead of `mx.quantized_matmul`, per
+# backend (None: never). MLX's quantized matmul is tuned for few rows (one token per stream): on
+# an H100, Voxtral in 4-bit ran slower than bf16 from 32 streams on (issue 21's measurements).
+# On the CPU its bf16 kernel is 8-40x slower than dense at any row count and dequantize + GEMM
+# 1-2x (benchmarks/quantized_batches.py), but the CPU keeps the quantized kernel: its outputs are
+# what the quantized parity tests compare, and CPU runs default to float32 activations. Metal is
+# unmeasured.
+DENSE_FROM_ROWS: dict[str, int | None] = {"cpu": None, "metal": None, "cuda": 32}
+
+
+def backend() -> str:
+    """"cpu", "cuda" or "metal": where the default device runs."""
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
+
 
 def check_params(bits: int, group_size: int = 64, mode: str = "affine") -> None:
     """User input -> one-line MlxSpeechError when mlx cannot quantize with it."""
@@ -77,6 +94,30 @@ def dense_weight(module: nn.Module) -> mx.array:
         return module.weight
     return mx.dequantize(module.weight, module.scales, module.get("biases"),
                          group_size=module.group_size, bits=module.bits, mode=module.mode)
+
+
+class QuantizedLinear(nn.QuantizedLinear):
+    """mlx's QuantizedLinear (same parameters, same file format); a call with many rows of
+    half-precision input dequantizes and runs a dense GEMM (`DENSE_FROM_ROWS`)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        rows = x.size // x.shape[-1] if x.ndim else 0
+        limit = DENSE_FROM_ROWS.get(backend())
+        if x.dtype == mx.float32 or limit is None or rows < limit:
+            return super().__call__(x)
+        w = mx.dequantize(self["weight"], self["scales"], self.get("biases"),
+                          group_size=self.group_size, bits=self.bits, mode=self.mode)
+        w = w.astype(x.dtype)
+        if "bias" in self:
+            return mx.addmm(self["bias"].astype(x.dtype), x, w.T)
+        return x @ w.T
+
+
+def _use_dense_batches(model: nn.Module) -> None:
+    """Make every quantized Linear ours (a subclass: parameters and state stay as they are)."""
+    for _, m in _leaves(model):
+        if type(m) is nn.QuantizedLinear:
+            m.__class__ = QuantizedLinear
 
 
 def infer_quantization(weights: Mapping[str, mx.array], path: str,
@@ -174,6 +215,7 @@ def quantize_from_weights(model: nn.Module, weights: Mapping[str, mx.array],
         found[path] = q
     if found:
         nn.quantize(model, class_predicate=lambda p, _: found.get(p, False))
+        _use_dense_batches(model)
 
 
 def _leaves(model: nn.Module):
@@ -198,6 +240,7 @@ def quantize(model: nn.Module, bits: int, group_size: int = 64, mode: str = "aff
     todo = set(chosen)
     nn.quantize(model, group_size=group_size, bits=bits, mode=mode,
                 class_predicate=lambda p, _: p in todo)
+    _use_dense_batches(model)
     modules = dict(_leaves(model))
     for p in chosen:
         mx.eval(modules[p].parameters())

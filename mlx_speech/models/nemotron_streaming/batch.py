@@ -66,16 +66,12 @@ def _stack_encoder(states: list[EncoderState]) -> EncoderState:
         c = StridedConvCache()
         c.buf = _cat([st.subsampling[j].buf for st in states])
         sub.append(c)
-    lengths = [st.kv[0].length for st in states]
-    n = max(lengths)
+    lengths = [st.kv[0].valid for st in states]
     kv = []
-    for j in range(len(s0.kv)):
+    for j in range(len(s0.kv)):  # every cache is kv.size long (masked zeros in front)
         c = ContextKVCache(s0.kv[j].size)
-        if n:  # left-pad shorter caches (masked in the encoder): keys stay time-ordered
-            like = next(st.kv[j] for st in states if st.kv[j].length == n)
-            c.keys, c.values = (
-                _cat([_left_pad(getattr(st.kv[j], name), getattr(like, name), n)
-                      for st in states]) for name in ("keys", "values"))
+        c.keys, c.values = (_cat(_fill_fresh([getattr(st.kv[j], name) for st in states]))
+                            for name in ("keys", "values"))
         kv.append(c)
     conv = []
     for j in range(len(s0.conv)):
@@ -83,21 +79,12 @@ def _stack_encoder(states: list[EncoderState]) -> EncoderState:
         c.tail = _cat(_fill_fresh([st.conv[j].tail for st in states]))
         conv.append(c)
     return EncoderState(s0.right_context, sub, kv, conv, _cat([st.pending for st in states]),
-                        s0.offset, s0.pos_shape, s0.pos_keys,
-                        lengths if any(k != n for k in lengths) else None)
-
-
-def _left_pad(a: mx.array | None, like: mx.array, n: int) -> mx.array:
-    """(1, H, k, D) -> (1, H, n, D) with zeros in front (a None cache: all zeros)."""
-    if a is None:
-        return mx.zeros_like(like[:1])
-    if a.shape[2] == n:
-        return a
-    return mx.pad(a, [(0, 0), (0, 0), (n - a.shape[2], 0), (0, 0)])
+                        s0.offset, s0.pos_shape, s0.pos_keys, lengths)
 
 
 def _fill_fresh(tails: list[mx.array | None]) -> list[mx.array | None]:
-    """Conv tails of streams not started yet are zeros, as ConvCache starts."""
+    """Conv tails and KV caches of streams not started yet are zeros, as their caches start
+    (a KV cache's zeros are masked)."""
     have = [t for t in tails if t is not None]
     if not have or len(have) == len(tails):
         return tails
@@ -116,11 +103,10 @@ def _split_encoder(b: EncoderState, states: list[EncoderState], offset: int) -> 
     for i, st in enumerate(states):
         for c, bc in zip(st.subsampling, b.subsampling, strict=True):
             c.buf = _row(bc.buf, i)
-        keep = min(st.kv[0].size, st.kv[0].length + n)  # this row's real frames
         for c, bc in zip(st.kv, b.kv, strict=True):
-            if bc.keys is not None and keep:
-                k0 = bc.keys.shape[2] - keep
-                c.keys, c.values = bc.keys[i: i + 1, :, k0:], bc.values[i: i + 1, :, k0:]
+            if bc.keys is not None:
+                c.keys, c.values = bc.keys[i: i + 1], bc.values[i: i + 1]
+                c.valid = min(c.size, c.valid + n)  # this row's real frames
         for c, bc in zip(st.conv, b.conv, strict=True):
             c.tail = _row(bc.tail, i)
         st.pending, st.offset = _row(b.pending, i), b.offset
@@ -219,11 +205,15 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
     pad = _padded(n) - n  # padded rows repeat row 0; their outputs are dropped
     st = _stack_encoder([s.enc_state for s in group] + [group[0].enc_state] * pad)
     offset = st.offset
-    chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
-    x = m.encoder_projector(m.encoder(chunk, state=st, final=final))
+    chunk = None  # no new mel (a final flush): nothing zero-size reaches a kernel
+    if len(mels[0]):
+        chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
+    x = m.encoder(chunk, state=st, final=final)
+    if x is not None:
+        x = m.encoder_projector(x)
     mx.eval(x, st.arrays())
     _split_encoder(st, [s.enc_state for s in group], offset)
-    if x.shape[1] == 0:
+    if x is None:
         return [""] * n
     dec_in = [s.dec_state for s in group] + [group[0].dec_state] * pad
     boosters = [s.booster for s in group] + [copy.copy(group[0].booster)] * pad

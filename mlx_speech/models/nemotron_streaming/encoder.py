@@ -39,16 +39,25 @@ class StridedConvCache:
     def __init__(self):
         self.buf: mx.array | None = None
 
-    def update_and_fetch(self, x: mx.array, k: int, s: int, final: bool) -> mx.array:
+    def update_and_fetch(self, x: mx.array | None, k: int, s: int,
+                         final: bool) -> mx.array | None:
+        """New input steps `x` (None: none) -> the input steps of every output now complete,
+        or None when there is none (nothing zero-size reaches a kernel)."""
         if self.buf is None:
+            if x is None:
+                return None
             self.buf = mx.zeros((x.shape[0], k - 1, *x.shape[2:]), x.dtype)
-        parts = [self.buf, x]
-        if final:
-            parts.append(mx.zeros((x.shape[0], s - 1, *x.shape[2:]), x.dtype))
-        x = mx.concatenate(parts, axis=1)
-        n_out = max(0, (x.shape[1] - k) // s + 1)
-        self.buf = x[:, n_out * s:]
-        return x[:, : (n_out - 1) * s + k] if n_out else x[:, :0]
+        parts = [self.buf] if x is None else [self.buf, x]
+        if final and s > 1:
+            b = self.buf
+            parts.append(mx.zeros((b.shape[0], s - 1, *b.shape[2:]), b.dtype))
+        n_in = sum(a.shape[1] for a in parts)
+        n_out = max(0, (n_in - k) // s + 1)
+        if not n_out and len(parts) == 1:
+            return None
+        x = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+        self.buf = x[:, n_out * s:]  # never empty: k > s keeps k - s steps at least
+        return x[:, : (n_out - 1) * s + k] if n_out else None
 
     @property
     def state(self) -> list[mx.array]:
@@ -64,16 +73,19 @@ class CausalConv2d(nn.Module):
         self.bias = mx.zeros((out_ch,))
         self.kernel, self.stride, self.groups = kernel, stride, groups
 
-    def __call__(self, x: mx.array, cache: StridedConvCache | None, final: bool) -> mx.array:
+    def __call__(self, x: mx.array | None, cache: StridedConvCache | None,
+                 final: bool) -> mx.array | None:
+        """None in (no new steps) or out (no complete output): nothing reaches a kernel."""
         k, s = self.kernel, self.stride
-        x = mx.pad(x, [(0, 0), (0, 0), (k - 1, s - 1), (0, 0)])
+        if x is not None:
+            x = mx.pad(x, [(0, 0), (0, 0), (k - 1, s - 1), (0, 0)])
         if cache is not None:
             x = cache.update_and_fetch(x, k, s, final)
-        else:
+        elif x is not None:
             x = mx.pad(x, [(0, 0), (k - 1, s - 1), (0, 0), (0, 0)])
-        if x.shape[1] < k:
-            f_out = (x.shape[2] - k) // s + 1
-            return mx.zeros((x.shape[0], 0, f_out, self.weight.shape[0]), x.dtype)
+            x = x if x.shape[1] >= k else None
+        if x is None:
+            return None
         return mx.conv2d(x, self.weight, stride=s, groups=self.groups) + self.bias
 
 
@@ -95,13 +107,20 @@ class Subsampling(nn.Module):
         self.layers = [SubsamplingLayer(c) for _ in range(c.n_subsampling_layers - 1)]
         self.linear = nn.Linear(ch * c.subsampled_freqs, c.hidden_size)
 
-    def __call__(self, mel: mx.array, caches: list[StridedConvCache] | None,
-                 final: bool) -> mx.array:
-        """(B, T, n_mels) -> (B, T', hidden): frame t reads mel frames 8t-14 .. 8t."""
+    def __call__(self, mel: mx.array | None, caches: list[StridedConvCache] | None,
+                 final: bool) -> mx.array | None:
+        """(B, T, n_mels) -> (B, T', hidden): frame t reads mel frames 8t-14 .. 8t.
+        None when no frame is complete (a stage with nothing new is not run)."""
         caches = caches or [None] * (1 + len(self.layers))
-        x = nn.relu(self.conv_in(mel[..., None], caches[0], final))
+        x = self.conv_in(None if mel is None else mel[..., None], caches[0], final)
         for layer, cache in zip(self.layers, caches[1:], strict=True):
-            x = nn.relu(layer.pointwise_conv(layer.depthwise_conv(x, cache, final)))
+            if x is None and not final:
+                return None
+            x = layer.depthwise_conv(None if x is None else nn.relu(x), cache, final)
+            x = None if x is None else layer.pointwise_conv(x)
+        if x is None:
+            return None
+        x = nn.relu(x)
         B, T, F, C = x.shape
         return self.linear(x.transpose(0, 1, 3, 2).reshape(B, T, C * F))
 
@@ -109,25 +128,34 @@ class Subsampling(nn.Module):
 class ContextKVCache:
     """Keys/values of the last `size` frames, kept in time order (rel-pos needs it).
 
-    Starts empty, so the first chunk sees exactly what offline sees; the copy per
-    call is bounded by size + chunk frames.
+    Always `size` frames long: zeros stand in front until `valid` frames are real, and the
+    encoder masks them, so the first chunk sees exactly what offline sees while attention
+    keeps one key length from the first chunk on (a GPU builds kernels per shape). The copy
+    per call is bounded by size + chunk frames.
     """
 
     def __init__(self, size: int):
         self.size = size
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
+        self.valid = 0  # real frames among the last `size`
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        """Real (unmasked) frames held."""
+        return self.valid
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is not None:
-            k = mx.concatenate([self.keys, k], axis=2)
-            v = mx.concatenate([self.values, v], axis=2)
-        start = max(0, k.shape[2] - self.size)
+        """(B, H, T, dh) new keys/values -> the `size` cached frames and the new ones."""
+        if self.keys is None:
+            B, H, _, dh = k.shape
+            self.keys = mx.zeros((B, H, self.size, dh), k.dtype)
+            self.values = mx.zeros((B, H, self.size, v.shape[-1]), v.dtype)
+        k = mx.concatenate([self.keys, k], axis=2)
+        v = mx.concatenate([self.values, v], axis=2)
+        start = k.shape[2] - self.size
         self.keys, self.values = k[:, :, start:], v[:, :, start:]
+        self.valid = min(self.size, self.valid + k.shape[2] - self.size)
         return k, v
 
     @property
@@ -149,8 +177,8 @@ class EncoderState:
     # cache is full, so steady-state chunks skip the (left + T) x D x D projection
     pos_shape: tuple[int, int] | None = None
     pos_keys: list[mx.array] | None = None
-    # streams stacked on the batch axis whose caches hold different numbers of
-    # frames: row b's cache is left-padded, its real length is n_valid[b]
+    # streams stacked on the batch axis: row b's cache holds n_valid[b] real frames (the
+    # rest, in front, is masked); None: read kv[0].valid (one stream)
     n_valid: list[int] | None = None
 
     def arrays(self) -> list[mx.array]:
@@ -185,39 +213,49 @@ class Encoder(nn.Module):
             [ConvCache() for _ in range(c.num_hidden_layers)],
         )
 
-    def __call__(self, mel: mx.array, right_context: int | None = None,
-                 state: EncoderState | None = None, final: bool = False) -> mx.array:
-        """(B, T, n_mels) mel -> (B, T', hidden) encoder frames.
+    def __call__(self, mel: mx.array | None, right_context: int | None = None,
+                 state: EncoderState | None = None, final: bool = False) -> mx.array | None:
+        """(B, T, n_mels) mel -> (B, T', hidden) encoder frames, or None for no frame.
 
         Offline (`state=None`): all frames of the utterance. Streaming: only frames
-        whose block is complete; `final=True` flushes the rest exactly as offline.
+        whose block is complete; `final=True` flushes the rest exactly as offline. An empty
+        or None `mel` is no new input; no zero-size array reaches a kernel.
         """
         c = self.config
         r = state.right_context if state is not None else right_context
         r = c.default_right_context if r is None else r
         block = r + 1
+        if mel is not None and mel.shape[1] == 0:
+            mel = None
+        if mel is None and (state is None or not final):
+            return None
         x = self.subsampling(mel, state.subsampling if state is not None else None,
                              final or state is None)
-        if c.scale_input:
+        if x is not None and c.scale_input:
             x = x * math.sqrt(c.hidden_size)
         offset, n_cached = 0, 0
         if state is not None:
             if state.pending is not None:
-                x = mx.concatenate([state.pending, x], axis=1)
-            n = x.shape[1] if final else x.shape[1] // block * block
-            x, state.pending = x[:, :n], (x[:, n:] if n < x.shape[1] else None)
-            offset, n_cached = state.offset, state.kv[0].length
+                x = state.pending if x is None else mx.concatenate([state.pending, x], axis=1)
+            have = 0 if x is None else x.shape[1]
+            n = have if final else have // block * block
+            state.pending = x[:, n:] if n < have else None
+            if not n:
+                return None
+            x = x if n == have else x[:, :n]
+            offset, n_cached = state.offset, state.kv[0].size
+            n_valid = state.n_valid or [state.kv[0].valid]
             state.offset += n
+        if x is None:
+            return None
         T = x.shape[1]
-        if T == 0:
-            return x
         mask = None
         if T > block:  # several blocks in one call: restrict by absolute block index
             q = mx.arange(offset, offset + T)
             mask = chunked_limited_mask(q, mx.arange(offset - n_cached, offset + T), block,
                                         c.left_context // block)
-        if state is not None and state.n_valid is not None:  # hide rows' left padding
-            first = mx.array([n_cached - n for n in state.n_valid])[:, None, None, None]
+        if state is not None and min(n_valid) < n_cached:  # hide the caches' zero fill
+            first = mx.array([n_cached - n for n in n_valid])[:, None, None, None]
             valid = mx.arange(n_cached + T)[None, None, None] >= first  # (B, 1, 1, Tk)
             mask = valid if mask is None else valid & mask
         shape = (n_cached + T, T)

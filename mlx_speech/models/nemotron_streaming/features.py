@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...audio.mel import mel_filters
+from ...audio.mel import SparseFilterbank, mel_filters
 from .config import HOP, N_FFT, PREEMPHASIS, SAMPLE_RATE, WIN
 
 LOG_GUARD = 2.0**-24
@@ -27,6 +27,7 @@ class NemoLogMel:
         n = np.arange(win)
         self.window = 0.5 - 0.5 * np.cos(2 * np.pi * n / (win - 1))  # symmetric Hann
         self.filters = mel_filters(sample_rate, n_fft, n_mels)  # (n_fft//2 + 1, n_mels)
+        self.filterbank = SparseFilterbank(self.filters)
 
     def frames(self, y: np.ndarray, n_frames: int) -> np.ndarray:
         """(n_frames, n_mels) float32 from pre-emphasised `y` whose sample 0 starts frame 0."""
@@ -36,7 +37,7 @@ class NemoLogMel:
         # a 400-sample window centred in 512 only shifts the phase: |X|^2 is unchanged
         spec = np.fft.rfft(seg * self.window, n=self.n_fft, axis=-1)
         power = spec.real**2 + spec.imag**2
-        return np.log(power @ self.filters + LOG_GUARD).astype(np.float32)
+        return np.log(self.filterbank(power) + LOG_GUARD).astype(np.float32)
 
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """Offline: (len(audio) // hop, n_mels) float32."""
