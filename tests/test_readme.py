@@ -34,8 +34,6 @@ TIMEOUT_S = 300
 
 # command (comments dropped, in shlex.join's quoting) -> why this test does not run it
 NOT_RUN = {
-    "git clone https://github.com/mlx-speech/mlx-speech.git": "network: fetches the repository",
-    "cd mlx-speech": "follows the clone",
     "pip install -e '.[live]'": "network: installs packages",
     "pip install -e '.[cpu,live]'": "network: installs packages",
     "pip install 'mlx-speech[live]'": "network: installs packages",
@@ -52,6 +50,8 @@ NOT_RUN = {
                                     "builds the bundle into a temporary folder)",
     "open '~/Applications/MLX Speech.app'": "macOS",
     "mlx_speech.app --doctor": "macOS: checks its permissions",
+    "mlx_speech.transcribe meeting.wav --diarize --format vtt": "downloads the default "
+        "diarizer (tests/test_diarize.py runs --diarize on a tiny Sortformer)",
 }
 tomllib = pytest.importorskip("tomllib")
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -247,6 +247,7 @@ RUNS = {
     "mlx_speech.convert mistralai/Voxtral-Mini-4B-Realtime-2602 vr-4bit --quantize 4":
         (_converted, None),
     "mlx_speech.transcribe talk.wav --model vr-4bit": (None, _after_convert),
+    "mlx_speech.transcribe talk.wav --hotwords Kubernetes,LinTO": (None, None),
     "mlx_speech.server --model nvidia/nemotron-speech-streaming-en-0.6b --model "
     "mistralai/Voxtral-4B-TTS-2603": (None, None),
     "mlx_speech doctor": (None, _doctor),
