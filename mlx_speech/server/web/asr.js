@@ -99,8 +99,8 @@ function startLive(model, el, onEnd) {
         break;
       case "conversation.item.input_audio_transcription.completed":
         turn.textContent = ev.transcript;
+        shadeWords(turn, ev.words, ev.logprobs); // before the label: it rewrites the text
         if (ev.speaker) markSpeaker(turn, ev.speaker);
-        shadeWords(turn, ev.words, ev.logprobs);
         finish();
         break;
       case "error":
