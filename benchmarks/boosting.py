@@ -17,6 +17,7 @@ Two measurements, each a ratio against a peer timed in the same run:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -105,6 +106,7 @@ def end_to_end(path: str, seconds: float, rng) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "tests" / "golden" / "nemotron"))
     p.add_argument("--seconds", type=float, default=8.0)
