@@ -109,7 +109,8 @@ def test_turn_numbering_only_grows():
 
 
 def _args(fmt, diarizer=None):
-    return Namespace(format=fmt, latency_ms=None, delay_ms=None, diarizer_model=diarizer)
+    return Namespace(format=fmt, latency_ms=None, delay_ms=None, diarizer_model=diarizer,
+                     hotwords=None, hotwords_file=None, boost=None)
 
 
 @pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt"])
