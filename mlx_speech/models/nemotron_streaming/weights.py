@@ -8,6 +8,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
+from ...nn.conformer import NEMO_CONFORMER_RENAMES
 from ...nn.quant import param_name
 from ..asr import raise_missing
 
@@ -74,14 +75,7 @@ def remap_nemo_mlx(weights: dict[str, mx.array], expected: set[str]) -> dict[str
 # NeMo (.nemo state dict) -> transformers, after the HF converter's table
 _RENAMES = [
     (r"^encoder\.pre_encode\.out\.", "encoder.subsampling.linear."),
-    (r"\.conv\.batch_norm\.", ".conv.norm."),
-    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
-    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
-    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
-    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
-    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
-    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
-    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
+    *NEMO_CONFORMER_RENAMES,
     (r"^decoder\.prediction\.embed\.", "decoder.embedding."),
     (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
     (r"^joint\.enc\.", "encoder_projector."),

@@ -14,6 +14,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
+from ...nn.conformer import NEMO_CONFORMER_RENAMES
 from ...nn.quant import param_name
 from ..asr import raise_missing
 
@@ -23,14 +24,7 @@ _RENAMES = [
     (r"^encoder\.pre_encode\.conv\.(\d+)\.", r"fc_encoder.subsampling.layers_\1."),
     (r"^encoder\.pre_encode\.out\.", "fc_encoder.subsampling.linear."),
     (r"^encoder\.layers\.", "fc_encoder.layers."),
-    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
-    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
-    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
-    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
-    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
-    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
-    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
-    (r"\.conv\.batch_norm\.", ".conv.norm."),
+    *NEMO_CONFORMER_RENAMES,
     (r"^transformer_encoder\.", "tf_encoder."),
     (r"\.first_sub_layer\.query_net\.", ".self_attn.q_proj."),
     (r"\.first_sub_layer\.key_net\.", ".self_attn.k_proj."),
