@@ -9,6 +9,7 @@ import numpy as np
 
 from mlx_speech.app.core import App
 from mlx_speech.app.engine import Engine
+from mlx_speech.app.events import Key
 from mlx_speech.app.ports import (
     GrantedPermissions,
     InsertResult,
@@ -27,6 +28,12 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def key(app, clock, name, down, dt=0.0):
+    clock.t += dt
+    app.post(Key(name, down))
+    app.pump()
 
 
 class FakeMic:

@@ -13,6 +13,10 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# helper modules that hold whole test bodies: plain asserts there report like a test's own
+pytest.register_assert_rewrite("tests.mimi_helpers", "tests.moshi_transformer_helpers",
+                               "tests.voxtral_helpers")
+
 from tests.gpu_emulation import gpu_order, gpu_rope, no_float64  # noqa: E402, F401
 from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken  # noqa: E402
 from tests.kernel_watch import kernels  # noqa: E402, F401

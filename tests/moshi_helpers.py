@@ -18,6 +18,12 @@ SINE_TOKENS = [430, 1268, 381, 1611, 1095, 1495, 56, 472]
 DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]  # a tiny Kyutai LM's 17 streams
 
 
+def speech(n: int, sr: int = 24000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / sr
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:

@@ -1,11 +1,13 @@
 """Shared by the server tests (tests/test_server*.py, tests/test_web.py, tests/test_readme.py)
-and docs/web/screenshots.py: the server on a loopback port in a thread, and the audio a client
-sends."""
+and docs/web/screenshots.py: the server on a loopback port in a thread, the audio a client
+sends, and vLLM's realtime example client."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
+import json
 import socket
 import threading
 import time
@@ -16,6 +18,7 @@ import soundfile as sf
 from mlx_speech.server import make_app
 
 DEADLINE_S = 60.0  # bound on every wait for the server (never hit when things work)
+KEY = "test-key"  # the API key of tests/test_server.py's server; vllm_client's default
 
 
 class ServerThread:
@@ -68,3 +71,32 @@ def pcm16(x: np.ndarray) -> np.ndarray:
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+
+
+async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
+                      chunk_bytes: int = 4096, headers=None) -> tuple[str, dict]:
+    """vLLM's examples/online_serving/openai_realtime_client.py, step by step."""
+    import websockets
+
+    async with websockets.connect(srv.ws + "/v1/realtime",
+                                  additional_headers=headers or {"Authorization":
+                                                                 f"Bearer {KEY}"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "model": model}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # start
+        b = pcm.tobytes()
+        for i in range(0, len(b), chunk_bytes):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(b[i:i + chunk_bytes]).decode()}))
+            if pace_s:
+                await asyncio.sleep(pace_s)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        deltas = []
+        while True:
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "transcription.delta":
+                deltas.append(ev["delta"])
+            elif ev["type"] == "transcription.done":
+                return "".join(deltas), ev
+            else:
+                raise AssertionError(ev)

@@ -25,6 +25,7 @@ from tests.app_fakes import (
     FakeSpeaker,
     FakeTTS,
     Store,
+    key,
     make_app,
     pump_until,
     real_engine,
@@ -32,12 +33,6 @@ from tests.app_fakes import (
 
 SOUND = np.full(BLOCK, 0.2, np.float32)
 SILENCE = np.zeros(BLOCK, np.float32)
-
-
-def key(app, clock, name, down, dt=0.0):
-    clock.t += dt
-    app.post(Key(name, down))
-    app.pump()
 
 
 def advance(app, clock, dt):

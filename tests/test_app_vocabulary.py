@@ -8,8 +8,7 @@ from pathlib import Path
 
 from mlx_speech.app.engine import _session_kwargs
 from mlx_speech.app.settings import Settings, load_settings, save_settings
-from tests.app_fakes import make_app
-from tests.test_app_core import key
+from tests.app_fakes import key, make_app
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mlx_speech
 from mlx_speech.errors import MlxSpeechError
 from mlx_speech.models.nemotron_streaming import batch as nemotron_batch
 from mlx_speech.models.nemotron_streaming import load as load_nemotron
-from tests.conftest import make_voxtral_checkpoint, speechlike
+from tests.conftest import speechlike
+from tests.voxtral_helpers import check_batched_reanchoring
 
 NEMOTRON = Path(__file__).parent / "golden" / "nemotron"
 
@@ -94,23 +94,7 @@ def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
 def test_voxtral_batched_reanchoring(tmp_path, vr_model, gpu_rope):
     """Limits just above window + chunk: rows re-anchor at different steps. RoPE computes
     positions as the GPU kernels do (a negative one would wrap, tests/gpu_emulation.py)."""
-    small = mlx_speech.load(make_voxtral_checkpoint(
-        tmp_path / "small", "mistral", model_max_length=80,
-        **{"multimodal/whisper_model_args/encoder_args/max_source_positions": 28}))
-    audios = [speechlike(6.0, seed=2), speechlike(5.0, seed=7), speechlike(4.0, seed=8)]
-    sessions = [small.session(), small.session(delay_ms=160), small.session()]
-    starts = [0, 7, 12]
-    for tick in range(90):
-        pairs = [(s, a[(tick - t0) * 1280: (tick - t0 + 1) * 1280])
-                 for s, a, t0 in zip(sessions, audios, starts, strict=True)
-                 if tick >= t0 and not s.finished]
-        small.feed_many(pairs)
-        for s in sessions:
-            assert s.dec_cache[0].rope_offset <= 80 and s.enc_state.kv[0].rope_offset <= 28
-    small.finish_many(sessions)
-    for s, a in zip(sessions, audios, strict=True):
-        assert s.dec_cache[0].shift > 0 and s.enc_state.kv[0].shift > 0
-        assert s.token_ids == vr_model.transcribe(a, delay_ms=s.delay_ms).token_ids
+    check_batched_reanchoring(tmp_path, vr_model)
 
 
 def _probe_flat(owner, sessions, ticks: tuple[int, int], probe) -> None:

@@ -225,7 +225,7 @@ def test_voxtral_batched_equals_alone_with_different_lists(vr_model):
 def test_cli_hotwords_boost_and_file(vr_dir, vr_model, tmp_path):
     import soundfile as sf
 
-    from tests.test_cli import run
+    from tests.cli_helpers import run
 
     a = speechlike(2.0)
     wav = tmp_path / "a.wav"

@@ -13,15 +13,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.cli_helpers import run
 from tests.conftest import make_voxtral_checkpoint, speechlike
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args, env=None, cwd=None):
-    e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          env=e, cwd=cwd, stdin=subprocess.DEVNULL, timeout=300)
 
 
 @pytest.fixture(scope="module")

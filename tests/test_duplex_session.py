@@ -16,6 +16,7 @@ from tests.moshi_helpers import (
     build_random_lm,
     kyutai_weights,
     random_lm_kwargs,
+    speech,
     write_folder,
 )
 
@@ -40,12 +41,6 @@ def persona(tmp_path_factory):
     save_file({"embeddings": (0.1 * rng.standard_normal((3, 1, 1, 16))).astype(np.float32),
                "cache": cache}, str(d / "voices" / "NATF0.safetensors"))
     return moshi.load(d)
-
-
-def speech(n: int, sr: int = 24000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(n) / sr
-    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
 
 def run(session, frames: int, seed: int = 0):

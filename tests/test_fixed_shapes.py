@@ -9,8 +9,8 @@ import pytest
 
 import mlx_speech
 from mlx_speech.nn import cache as nn_cache
-from tests import test_mimi
-from tests import test_moshi_transformer as tmt
+from tests import mimi_helpers
+from tests import moshi_transformer_helpers as tmt
 from tests.conftest import make_voxtral_checkpoint, speechlike
 from tests.shape_watch import ShapeWatch
 
@@ -136,14 +136,13 @@ def test_moshi_long_session_uses_few_shapes(moshi_long, shape_watch):
 @pytest.mark.parametrize("chunk", [1, 2])
 def test_moshi_transformer_fixed_shapes_match_torch_streaming(monkeypatch, case, chunk):
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
-    tmt.test_streaming_matches_torch_streaming(case, chunk)
+    tmt.check_streaming_matches_torch_streaming(case, chunk)
 
 
-@pytest.mark.parametrize("name", list(test_mimi.FIXTURES))
+@pytest.mark.parametrize("name", list(mimi_helpers.FIXTURES))
 def test_mimi_fixed_shapes_match_torch_streaming(monkeypatch, name):
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
-    test_mimi.test_streaming_matches_torch_streaming(test_mimi.case.__wrapped__(
-        type("R", (), {"param": name})()))
+    mimi_helpers.check_streaming_matches_torch_streaming(mimi_helpers.load_case(name))
 
 
 def test_voxtral_tts_fixed_shapes_keep_the_codes_with_few_shapes(monkeypatch):
@@ -152,7 +151,8 @@ def test_voxtral_tts_fixed_shapes_keep_the_codes_with_few_shapes(monkeypatch):
     import mlx.core as mx
 
     import mlx_speech.models.voxtral_tts as vt
-    from tests.test_voxtral_tts import CKPT, GOLDEN
+    from tests.voxtral_helpers import TTS_CKPT as CKPT
+    from tests.voxtral_helpers import TTS_GOLDEN as GOLDEN
 
     g = dict(np.load(GOLDEN / "golden.npz"))
     tts = vt.load(CKPT, dtype=mx.float32, alibi="mlxa")
@@ -174,7 +174,7 @@ def test_voxtral_batched_reanchoring_with_fixed_shapes(tmp_path, vr_model, gpu_r
                                                        monkeypatch):
     """Rows re-anchoring at different steps, in batches padded to powers of two (pad rows
     clone a clock), under the GPU's rope arithmetic: the tokens of each row alone."""
-    from tests.test_batched_asr import test_voxtral_batched_reanchoring
+    from tests.voxtral_helpers import check_batched_reanchoring
 
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
-    test_voxtral_batched_reanchoring(tmp_path, vr_model, gpu_rope)
+    check_batched_reanchoring(tmp_path, vr_model)

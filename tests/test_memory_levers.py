@@ -4,6 +4,8 @@ error). Defaults stay exact (the other Voxtral tests)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ import pytest
 import mlx_speech
 from mlx_speech.errors import MlxSpeechError
 from tests.conftest import GOLDEN, speechlike
+
+NEMOTRON = Path(__file__).parent / "golden" / "nemotron"
 
 WINDOW = dict(np.load(GOLDEN / "window.npz"))  # tests/golden/make_voxtral_realtime_window.py
 
@@ -67,8 +71,6 @@ def test_cli_window_flags(vr_dir, narrow, golden, tmp_path, capsys):
 
 
 def test_window_options_are_voxtral_only():
-    from tests.test_batched_asr import NEMOTRON
-
     with pytest.raises(MlxSpeechError, match="take no decoder_window option"):
         mlx_speech.load(NEMOTRON, decoder_window=16)
 

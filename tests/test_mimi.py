@@ -7,7 +7,6 @@ tiny_mimi*: the spec's fixture (1600 Hz, frame 32, constant codes). mimi24k*: ma
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -17,28 +16,19 @@ from mlx.utils import tree_flatten
 from mlx_speech.errors import CheckpointError
 from mlx_speech.models import mimi
 from mlx_speech.models.mimi import Mimi, MimiConfig
-
-GOLDEN = Path(__file__).parent / "golden" / "moshi"
-TOL = 1e-5
-FIXTURES = {"tiny": ("tiny_mimi", 4), "24k": ("mimi24k", 8)}
+from tests.mimi_helpers import (
+    FIXTURES,
+    GOLDEN,
+    TOL,
+    check_streaming_matches_torch_streaming,
+    load_case,
+)
+from tests.mimi_helpers import stream as _stream
 
 
 @pytest.fixture(scope="module", params=list(FIXTURES))
 def case(request):
-    name, n_q = FIXTURES[request.param]
-    cfg = json.loads((GOLDEN / f"{name}_config.json").read_text())
-    model = mimi.load(GOLDEN / f"{name}.safetensors", config=cfg, num_codebooks=n_q)
-    return model, dict(np.load(GOLDEN / f"{name}_ref.npz"))
-
-
-def _stream(model, x, state):
-    F = model.frame_size
-    codes, pcm = [], []
-    for i in range(x.shape[-1] // F):
-        c = model.encode_step(x[..., F * i : F * (i + 1)], state)
-        codes.append(c)
-        pcm.append(model.decode_step(c, state))
-    return np.array(mx.concatenate(codes, -1)), np.array(mx.concatenate(pcm, -1))
+    return load_case(request.param)
 
 
 def test_batch_matches_torch(case):
@@ -51,12 +41,7 @@ def test_batch_matches_torch(case):
 
 
 def test_streaming_matches_torch_streaming(case):
-    model, r = case
-    codes, pcm = _stream(model, mx.array(r["x"]), model.make_state(batch=r["x"].shape[0]))
-    np.testing.assert_array_equal(codes, r["codes_stream"])
-    assert np.abs(pcm - r["pcm_stream"]).max() < TOL
-    # spec 8.6: the streaming ring differs from offline once the window fills
-    assert np.abs(pcm - r["pcm_batch"]).max() > 1e-4
+    check_streaming_matches_torch_streaming(case)
 
 
 def test_streaming_codes_equal_batch_before_ring_fills(case):

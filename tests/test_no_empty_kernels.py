@@ -173,8 +173,8 @@ def test_mimi_streams_frames_one_and_several_at_a_time(kernels):
     import json
 
     from mlx_speech.models import mimi
-    from tests.test_mimi import FIXTURES
-    from tests.test_mimi import GOLDEN as MIMI
+    from tests.mimi_helpers import FIXTURES
+    from tests.mimi_helpers import GOLDEN as MIMI
 
     name, n_q = FIXTURES["24k"]
     cfg = json.loads((MIMI / f"{name}_config.json").read_text())
@@ -189,8 +189,14 @@ def test_mimi_streams_frames_one_and_several_at_a_time(kernels):
 
 def test_duplex_session_steps(kernels, tmp_path):
     import mlx_speech.models.moshi as moshi
-    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
-    from tests.test_duplex_session import DELAYS, speech
+    from tests.moshi_helpers import (
+        DELAYS,
+        build_random_lm,
+        kyutai_weights,
+        random_lm_kwargs,
+        speech,
+        write_folder,
+    )
 
     kernels.strict = False  # building the random checkpoint is not under test
     kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
@@ -206,7 +212,8 @@ def test_duplex_session_steps(kernels, tmp_path):
 def test_voxtral_tts_stream_and_codec_chunks(kernels):
     import mlx_speech.models.voxtral_tts as vt
     from mlx_speech.models.voxtral_tts.generate import CodecStream
-    from tests.test_voxtral_tts import CKPT, _random_codes
+    from tests.voxtral_helpers import TTS_CKPT as CKPT
+    from tests.voxtral_helpers import random_codes as _random_codes
 
     tts = vt.load(CKPT, dtype=mx.float32, alibi="mlxa")
     codes = _random_codes(9)

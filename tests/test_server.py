@@ -25,10 +25,16 @@ import soundfile as sf  # noqa: E402
 import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
-from tests.server_helpers import ServerThread, pcm16, run, wav_bytes  # noqa: E402
+from tests.server_helpers import (  # noqa: E402
+    KEY,
+    ServerThread,
+    pcm16,
+    run,
+    vllm_client,
+    wav_bytes,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
-KEY = "test-key"
 GOOD_ORIGIN = "https://app.example"
 MAX_UPLOAD = 1 << 20
 
@@ -199,33 +205,6 @@ def test_openai_sdk_realtime_equals_transcribe_at_24k(srv, models, name):
     joined, transcript = run(openai_realtime(srv, name, pcm))
     ref = models[name].transcribe(pcm.astype(np.float32) / 32768, sample_rate=24000)
     assert joined == transcript == ref.text
-
-
-async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
-                      chunk_bytes: int = 4096, headers=None) -> tuple[str, dict]:
-    """vLLM's examples/online_serving/openai_realtime_client.py, step by step."""
-    async with websockets.connect(srv.ws + "/v1/realtime",
-                                  additional_headers=headers or {"Authorization":
-                                                                 f"Bearer {KEY}"}) as ws:
-        assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.update", "model": model}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # start
-        b = pcm.tobytes()
-        for i in range(0, len(b), chunk_bytes):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(b[i:i + chunk_bytes]).decode()}))
-            if pace_s:
-                await asyncio.sleep(pace_s)
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-        deltas = []
-        while True:
-            ev = json.loads(await ws.recv())
-            if ev["type"] == "transcription.delta":
-                deltas.append(ev["delta"])
-            elif ev["type"] == "transcription.done":
-                return "".join(deltas), ev
-            else:
-                raise AssertionError(ev)
 
 
 @pytest.mark.parametrize("name", ["nm", "vr"])

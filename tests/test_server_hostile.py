@@ -32,9 +32,16 @@ import httpx  # noqa: E402
 import mlx_speech  # noqa: E402
 from mlx_speech.server import make_app  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
-from tests.test_server import GOLDEN, ServerThread, pcm16, run, vllm_client  # noqa: E402
+from tests.server_helpers import (  # noqa: E402
+    ServerThread,
+    pcm16,
+    run,
+    vllm_client,
+    wav_bytes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
 
 
 def _free_port() -> int:
@@ -61,8 +68,13 @@ class HostileServer(ServerThread):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tests.moshi_helpers import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
-    from tests.test_duplex_session import DELAYS
+    from tests.moshi_helpers import (
+        DELAYS,
+        build_random_lm,
+        kyutai_weights,
+        random_lm_kwargs,
+        write_folder,
+    )
 
     kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
     ky = write_folder(tmp_path_factory.mktemp("ky") / "moshi", kw,
@@ -210,7 +222,6 @@ def test_2a_non_streamed_requests_stop_when_the_client_leaves(srv, models, monke
         return orig(pairs)
 
     monkeypatch.setattr(nm, "feed_many", slow)
-    from tests.test_server import wav_bytes
 
     def leave(fn):
         with pytest.raises(httpx.ReadTimeout):
@@ -336,8 +347,6 @@ def test_5_cross_site_requests_and_dns_rebinding(srv, models):
     assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
     r = httpx.post(url, content=body, headers={"Content-Type": "text/plain"})
     assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
-    from tests.test_server import wav_bytes
-
     r = httpx.post(srv.base + "/v1/audio/transcriptions", data={"model": "nm"},
                    files={"file": ("a.wav", wav_bytes(speechlike(0.5)))},
                    headers={"Origin": "http://evil.example"})

@@ -21,7 +21,7 @@ import httpx  # noqa: E402
 
 import mlx_speech  # noqa: E402
 from mlx_speech.server.vocabulary import prompt_phrases  # noqa: E402
-from tests.test_server import KEY, ServerThread, pcm16, wav_bytes  # noqa: E402
+from tests.server_helpers import KEY, ServerThread, pcm16, wav_bytes  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 PHRASES, BOOST = ["quick brown", "time"], 2.0  # the NeMo golden's case: it changes the text

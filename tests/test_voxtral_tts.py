@@ -18,9 +18,9 @@ from mlx_speech.models.voxtral_tts.config import VoxtralTTSConfig
 from mlx_speech.models.voxtral_tts.generate import frame_codes
 from mlx_speech.models.voxtral_tts.model import Model
 from mlx_speech.models.voxtral_tts.text import normalize, split_sentences
-
-GOLDEN = Path(__file__).parent / "golden" / "voxtral_tts"
-CKPT = GOLDEN / "ckpt"
+from tests.voxtral_helpers import TTS_CKPT as CKPT
+from tests.voxtral_helpers import TTS_GOLDEN as GOLDEN
+from tests.voxtral_helpers import random_codes as _random_codes
 
 
 @pytest.fixture(scope="module")
@@ -274,12 +274,6 @@ def test_backbone_cached_steps_equal_full_recompute(tts, g):
 
 
 # ---------------------------------------------------------------- streaming
-
-
-def _random_codes(n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.concatenate([rng.integers(2, 32, (n, 1)), rng.integers(2, 23, (n, 4))],
-                          axis=1).astype(np.int32)
 
 
 def test_codec_stream_equals_offline(tts):

@@ -7,6 +7,8 @@ MLX_SPEECH_KYUTAI_CLIENT) converses with /api/chat. What the page needs from the
 files, the subprotocol answer, /api/chat's PCM format, the own-page origin) is also tested
 without a browser."""
 
+# The tests take the fixtures imported from tests/web_fixtures.py as arguments:
+# ruff: noqa: F811
 from __future__ import annotations
 
 import asyncio
@@ -30,52 +32,16 @@ websockets = pytest.importorskip("websockets")
 import httpx  # noqa: E402
 import soundfile as sf  # noqa: E402
 
-from mlx_speech.audio.resample import resample  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
 from tests.server_helpers import ServerThread, pcm16, run, wav_bytes  # noqa: E402
-from tests.web_helpers import (  # noqa: E402
-    Taps,
-    browser_missing,
-    launch,
-    open_page,
-    panel,
-    played,
-    tiny_models,
-)
+from tests.web_fixtures import KEY, browser, models, site  # noqa: E402, F401
+from tests.web_helpers import WAIT_MS, Taps, open_page, panel, played  # noqa: E402
+from tests.web_helpers import wait_state as _state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WEB = ROOT / "mlx_speech" / "server" / "web"
-KEY = "web-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 KYUTAI_CLIENT = "MLX_SPEECH_KYUTAI_CLIENT"
-WAIT_MS = 60_000  # bound on every wait in the browser (never hit when things work)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny_models(tmp_path_factory.mktemp("web"))
-
-
-@pytest.fixture(scope="module")
-def site(models):
-    with ServerThread(models, api_key=KEY) as s:
-        s.taps = Taps(s.engine)
-        yield s
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    why = browser_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-
-    mic = tmp_path_factory.mktemp("mic") / "mic.wav"  # speech-like sound, looped by chromium
-    sf.write(mic, resample(speechlike(4.0, seed=21), 16000, 48000), 48000, subtype="PCM_16")
-    with sync_playwright() as p:
-        b = launch(p, mic)
-        yield b
-        b.close()
 
 
 # ------------------------------------------------------------------ server side, no browser
@@ -220,12 +186,6 @@ def test_streamed_transcription_carries_words_when_asked(site):
 
 
 # ------------------------------------------------------------------ the page in chromium
-
-
-def _state(page, sel: str, *states: str, timeout: float = WAIT_MS):
-    """Wait until the state badge in `sel` shows one of `states`."""
-    css = ", ".join(f"{sel} [data-el=state][data-state={s}]" for s in states)
-    page.wait_for_selector(css, timeout=timeout)
 
 
 def test_page_without_the_key_gets_nothing_then_everything_with_it(browser, site):

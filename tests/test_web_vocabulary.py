@@ -5,9 +5,15 @@ model's own logprobs, and its text stays the transcript."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from tests.test_web import KEY, WAIT_MS, _state, browser, models, site  # noqa: F401
-from tests.web_helpers import open_page, panel
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets")
+
+from tests.web_fixtures import KEY, browser, models, site  # noqa: E402, F401
+from tests.web_helpers import open_page, panel  # noqa: E402
+from tests.web_helpers import wait_state as _state  # noqa: E402
 
 PHRASES = "quick brown, time"
 

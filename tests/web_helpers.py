@@ -1,6 +1,7 @@
-"""Shared by tests/test_web.py and docs/web/screenshots.py: tiny served models, Debian's chromium
-driven by Playwright (no browser download), taps on what the server received and on what the
-page handed to its audio graph."""
+"""Shared by the browser tests (tests/test_web*.py, tests/web_fixtures.py) and
+docs/web/screenshots.py: tiny served models, Debian's chromium driven by Playwright (no browser
+download), taps on what the server received and on what the page handed to its audio graph, and
+waits on the page's state badges."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ GOLDEN = Path(__file__).parent / "golden"
 CHROMIUM = os.environ.get("MLX_SPEECH_CHROMIUM", "/usr/bin/chromium")
 HEADLESS_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run"]
+WAIT_MS = 60_000  # bound on every wait in the browser (never hit when things work)
 
 
 def browser_missing() -> str | None:
@@ -175,3 +177,9 @@ def panel(page, model: str) -> str:
     """The CSS selector of a model's panel (after clicking its tab)."""
     page.click(f"button.tab[data-model='{model}']")
     return f"section.panel[data-model='{model}']"
+
+
+def wait_state(page, sel: str, *states: str, timeout: float = WAIT_MS):
+    """Wait until the state badge in `sel` shows one of `states`."""
+    css = ", ".join(f"{sel} [data-el=state][data-state={s}]" for s in states)
+    page.wait_for_selector(css, timeout=timeout)
