@@ -247,7 +247,8 @@ RUNS = {
     "mlx_speech.convert mistralai/Voxtral-Mini-4B-Realtime-2602 vr-4bit --quantize 4":
         (_converted, None),
     "mlx_speech.transcribe talk.wav --model vr-4bit": (None, _after_convert),
-    "mlx_speech.transcribe talk.wav --hotwords Kubernetes,LinTO": (None, None),
+    "mlx_speech.transcribe talk.wav --hotwords Kubernetes,LinTO --model "
+    "nvidia/nemotron-speech-streaming-en-0.6b": (_transcript, None),
     "mlx_speech.server --model nvidia/nemotron-speech-streaming-en-0.6b --model "
     "mistralai/Voxtral-4B-TTS-2603": (None, None),
     "mlx_speech doctor": (None, _doctor),
