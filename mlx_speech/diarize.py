@@ -135,11 +135,35 @@ class SpeakerTracker:
         """Seconds of audio with speaker frames."""
         return len(self.probs) * FRAME_S
 
+    def covers(self, word) -> bool:
+        """Whether every frame `label` reads for `word` exists, so its label is final (the
+        one offline labelling of the whole recording gives)."""
+        a = max(0, int(word.start / FRAME_S))
+        return max(a + 1, int(np.ceil(word.end / FRAME_S))) <= len(self.probs)
+
     def label(self, words) -> list[str | None]:
         return self.turns.label(words, self.probs)
 
     def speaker(self, start: float, end: float) -> str | None:
         return self.turns.name(_slot(self.probs, start, end, FRAME_S))
+
+
+# NVIDIA's 1.04 s streaming setting (model card): live lines wait for their speaker frames, and
+# the released v2.1 config's chunks (188 frames, 15 s) would hold each line that long
+LIVE_STREAMING = dict(chunk_len=6, chunk_right_context=7, fifo_len=188,
+                      spkcache_update_period=144)
+
+
+def live_streaming(diarizer) -> dict:
+    """The streaming overrides for a live transcript: `LIVE_STREAMING` when the diarizer's own
+    chunk latency is longer, else none (its own settings)."""
+    c = getattr(diarizer, "config", None)
+    if c is None:
+        return {}
+    own = c.chunk_len + c.chunk_right_context
+    if own <= LIVE_STREAMING["chunk_len"] + LIVE_STREAMING["chunk_right_context"]:
+        return {}
+    return dict(LIVE_STREAMING)
 
 
 def load_diarizer(name: str | Path | None = None, **kwargs):

@@ -2,7 +2,7 @@
 
     mlx_speech.transcribe meeting.wav [--format txt|json|srt|vtt] [-o OUT]
     mlx_speech.transcribe --live [--timestamps] [--words] [--silence-ms 500] [--latency-ms 480]
-        [--save-audio heard.wav]
+        [--save-audio heard.wav] [--diarize [--diarizer MODEL]]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
 
 Results go to stdout (or -o), logs and progress to stderr. --live ends a line at each pause
@@ -12,6 +12,7 @@ Results go to stdout (or -o), logs and progress to stderr. --live ends a line at
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from . import DEFAULT_ASR_MODEL, hotwords
@@ -28,6 +29,7 @@ from .errors import MlxSpeechError
 from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
 
 PROGRESS_MIN_SECONDS = 60.0
+SPEAKER_HOLD_MAX = 200  # --live --diarize: words held while no speaker has been heard yet
 
 
 def _progress_bar(total_s: float):
@@ -120,15 +122,34 @@ class LiveLines:
     begins); without one, one endless line, a new session after an end-of-stream token.
     Sessions are drained as they go and turns forget their audio, so a day-long run holds
     constant memory: the transcript streams out, none of it is kept.
+
+    With a `diarizer` (`--diarize`) its streaming session hears every block beside the ASR
+    (`diarize.SpeakerTracker`), and lines are made of the words once their speaker frames
+    exist: "Speaker N: ..." , a new line at each pause and each change of speaker, each word
+    labelled as offline `diarize.transcribe` labels it (`timestamps`: a line starts with its
+    first word's time).
     """
 
     def __init__(self, model, mode: dict, write, vad=None, silence_ms: int = 500,
-                 timestamps: bool = False, words: bool = False):
+                 timestamps: bool = False, words: bool = False, diarizer=None,
+                 diarizer_streaming: dict | None = None):
         from .audio.turns import TurnAudio, TurnConfig, TurnDetector
 
         self.model, self.mode, self.write, self.vad = model, mode, write, vad
         self.timestamps = timestamps
         self.words = [] if words else None  # the line's words, written when it ends
+        self.speakers = None
+        if diarizer is not None:
+            from .diarize import SpeakerTracker
+
+            if model.sample_rate != diarizer.sample_rate:
+                raise MlxSpeechError(f"the diarizer takes {diarizer.sample_rate} Hz audio, "
+                                     f"the model {model.sample_rate} Hz")
+            self.speakers = SpeakerTracker(diarizer, **(diarizer_streaming or {}))
+            self.queue: list = []  # words (times on the stream's clock) and None (a pause)
+            self.speaker: str | None = None  # the open line's speaker
+        self.heard = 0  # samples fed
+        self.t0 = 0.0  # where the session's audio starts on the stream's clock (s)
         self.session = None if vad is not None else model.session(**mode)
         self.turns = None
         if vad is not None:
@@ -156,47 +177,99 @@ class LiveLines:
             self.write("\n")
         self.line_open = False
 
+    def _take(self, words) -> None:
+        """A session's finished words: the line's (--words), or the speaker queue's."""
+        if self.speakers is not None:
+            self.queue += [replace(w, start=w.start + self.t0, end=w.end + self.t0)
+                           for w in words]
+        elif self.words is not None:
+            self.words += words
+
     def _feed_session(self, x) -> None:
-        self._text(self.session.feed(x))
-        done = self.session.drain()  # the text is out: keep nothing of it
-        if self.words is not None:
-            self.words += done.words
+        text = self.session.feed(x)
+        if self.speakers is None:
+            self._text(text)
+        self._take(self.session.drain().words)  # the text is out: keep nothing of it
 
     def feed(self, block) -> None:
+        self.heard += len(block)
+        if self.speakers is not None:
+            self.speakers.feed(block)  # the same samples, on this (the MLX) thread
         if self.turns is None:
             self._feed_session(block)
             if self.session.done:  # EOS: start over on the same model
-                if self.words is not None:
-                    self.words += self.session.result().words
-                self._end_line()
-                self._write_words()
+                self._take(self.session.result().words)
+                self._line_break()
                 self.session = self.model.session(**self.mode)
-            return
-        self.turns.push(block)
-        actions, self.vad_state = self.turns.run_vad(self.vad, self.vad_state)
-        for a in actions:
-            if a[0] == "start":
-                self.session = self.model.session(**self.mode)
-                self.line_start = a[1] / 16000
-            elif a[0] == "audio":
-                self._feed_session(a[1])
-            elif a[0] == "stop":
-                self.close_turn()
+                self.t0 = self.heard / self.model.sample_rate
+        else:
+            self.turns.push(block)
+            actions, self.vad_state = self.turns.run_vad(self.vad, self.vad_state)
+            for a in actions:
+                if a[0] == "start":
+                    self.session = self.model.session(**self.mode)
+                    self.line_start = self.t0 = a[1] / 16000
+                elif a[0] == "audio":
+                    self._feed_session(a[1])
+                elif a[0] == "stop":
+                    self.close_turn()
+        if self.speakers is not None:
+            self._label()
 
     def close_turn(self) -> None:
         if self.session is not None:
-            self._text(self.session.finish())
-            if self.words is not None:
-                self.words += self.session.result().words
+            text = self.session.finish()
+            if self.speakers is None:
+                self._text(text)
+            self._take(self.session.result().words)
             self.session.drain()
         self.session = None
+        self._line_break()
+
+    def _line_break(self) -> None:
+        if self.speakers is not None:
+            self.queue.append(None)  # the line ends once the words before it are labelled
+            return
         self._end_line()
         self._write_words()
+
+    def _label(self, final: bool = False) -> None:
+        """--diarize: write the queued words whose speaker frames exist (all when `final`),
+        in order; none while nobody has spoken yet (offline gives those words the first
+        speaker), unless final or too many wait."""
+        tr = self.speakers
+        n = 0
+        while n < len(self.queue) and (final or self.queue[n] is None
+                                       or tr.covers(self.queue[n])):
+            n += 1
+        ready = self.queue[:n]
+        words = [w for w in ready if w is not None]
+        labels = tr.label(words)
+        if labels and labels[0] is None and not final and len(words) < SPEAKER_HOLD_MAX:
+            return
+        del self.queue[:n]
+        it = iter(labels)
+        for w in ready:
+            if w is None:
+                self._end_line()
+                self._write_words()
+                continue
+            label = next(it)
+            if self.line_open and label != self.speaker:
+                self._end_line()
+                self._write_words()
+            if not self.line_open:
+                self.speaker, self.line_start = label, w.start
+                self._text(f"{label}: {w.text}" if label else w.text)
+            else:
+                self.write(" " + w.text)
+            if self.words is not None:
+                self.words.append(w)
 
     def _write_words(self) -> None:
         """--words: the line's word times (the model's own), on the line below it."""
         if self.words:
-            t0 = self.line_start or 0.0
+            t0 = 0.0 if self.speakers is not None else (self.line_start or 0.0)
             self.write("  " + " ".join(f"[{_clock(t0 + w.start)}-{_clock(t0 + w.end)}] "
                                        f"{w.text}" for w in self.words) + "\n")
         if self.words is not None:
@@ -209,6 +282,11 @@ class LiveLines:
                 if a[0] == "audio":
                     self._feed_session(a[1])
         self.close_turn()
+        if self.speakers is not None:
+            self.speakers.finish()
+            self._label(final=True)
+            self._end_line()
+            self._write_words()
 
 
 def load_live_vad(args):
@@ -229,8 +307,9 @@ def load_live_vad(args):
         return None
 
 
-def live(model, args, vad=None) -> None:
-    """The microphone through `model`; `vad` from `load_live_vad` (None: one endless line)."""
+def live(model, args, vad=None, diarizer=None) -> None:
+    """The microphone through `model`; `vad` from `load_live_vad` (None: one endless line);
+    `diarizer` (--diarize): lines labelled with their speaker."""
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
@@ -240,7 +319,13 @@ def live(model, args, vad=None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps, args.words)
+    streaming = {}
+    if diarizer is not None:
+        from .diarize import live_streaming
+
+        streaming = live_streaming(diarizer)
+    lines = LiveLines(model, mode, write, vad, args.silence_ms, args.timestamps, args.words,
+                      diarizer, streaming)
     saved = _AudioLog(args.save_audio, model.sample_rate) if args.save_audio else None
     mic = Microphone(sample_rate=model.sample_rate, block_samples=1280)
     problem = None
@@ -298,8 +383,8 @@ def build_parser() -> ArgumentParser:
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
     p.add_argument("--diarize", action="store_true",
-                   help="label speakers (txt: a line per speaker turn; srt: prefix; vtt: "
-                        "<v Speaker N>; json: speaker per word and segment)")
+                   help="label speakers (txt and --live: a line per speaker turn; srt: prefix; "
+                        "vtt: <v Speaker N>; json: speaker per word and segment)")
     p.add_argument("--diarizer", metavar="MODEL", default=None,
                    help="diarization model for --diarize (default: streaming Sortformer "
                         "v2.1, mlx-community fp16)")
@@ -334,8 +419,6 @@ def _run(args) -> None:
 
     if not args.files and not args.live:
         raise MlxSpeechError("give one or more audio files, or --live")
-    if args.diarize and args.live:
-        raise MlxSpeechError("--diarize is for audio files")
     if args.diarizer and not args.diarize:
         raise MlxSpeechError("--diarizer needs --diarize")
     if args.live and args.files:
@@ -367,6 +450,12 @@ def _run(args) -> None:
 
         check_live_audio()
         vad = load_live_vad(args)  # small: a bad --vad is found before the big model loads
+    args.diarizer_model = None
+    if args.diarize:  # small too, and kind-checked from its config before any weights load
+        from .diarize import DEFAULT_DIARIZER, load_diarizer
+
+        log(f"loading {args.diarizer or DEFAULT_DIARIZER}")
+        args.diarizer_model = load_diarizer(args.diarizer)
     import mlx_speech
 
     model = mlx_speech.load(args.model, kind="asr", log=log,
@@ -375,13 +464,8 @@ def _run(args) -> None:
     from .registry import check_loaded
 
     check_loaded(args.model, model, "asr")
-    if args.diarize:
-        from .diarize import DEFAULT_DIARIZER, load_diarizer
-
-        log(f"loading {args.diarizer or DEFAULT_DIARIZER}")
-        args.diarizer_model = load_diarizer(args.diarizer)
     if args.live:
-        live(model, args, vad)
+        live(model, args, vad, args.diarizer_model)
         return
     many = len(args.files) > 1
     for f in args.files:

@@ -1,4 +1,5 @@
-"""No zero-size array reaches an MLX kernel, in every family's streaming paths.
+"""No zero-size array reaches an MLX kernel, in every family's streaming paths (ASR, TTS, duplex,
+VAD, diarization).
 
 On CUDA a launch over an empty grid kills the process (SIGFPE in Nemotron's batched step,
 `cudaGraphAddKernelNode ... invalid argument` in Voxtral's encoder); the CPU backend returns
@@ -248,3 +249,107 @@ def test_silero_vad_ragged_feeds_and_batches(kernels):
         st = VADState.stack([a, b])
         _, st = vad(mx.array(np.stack([x[:k * FRAME], x[k * FRAME: 2 * k * FRAME]])), st)
         a, b = st.split()
+
+
+# -- Streaming Sortformer (diarization) --------------------------------------------------
+
+SORTFORMER = Path(__file__).parent / "golden" / "sortformer" / "tiny.nemo"
+
+
+@pytest.fixture(scope="module")
+def diar():
+    from mlx_speech.models import sortformer
+
+    return sortformer.load(SORTFORMER)
+
+
+@pytest.fixture(scope="module")
+def voices():
+    import soundfile as sf
+
+    x, _ = sf.read(Path(__file__).parent / "data" / "voices_3spk.wav", dtype="float32")
+    return x
+
+
+def _diarize_alone(diar, x, sizes, limit=None, **kw):
+    """Frames from ragged feeds (the first `limit` of them, then the rest at once), an empty
+    feed, finish, and a second finish."""
+    s = diar.session(**kw)
+    got, i = [], 0
+    for c in _chunks(x, sizes, limit):
+        got.append(s.feed(c))
+        i += len(c)
+    got += [s.feed(x[i:]), s.feed(np.zeros(0, np.float32)), s.finish()]
+    assert s.finish().shape == (0, diar.n_speakers)  # nothing pending: no call
+    return np.concatenate(got)
+
+
+@pytest.mark.parametrize("sizes", RAGGED)
+def test_sortformer_ragged_feeds(diar, voices, kernels, sizes):
+    """A feed too short for a chunk and its right context runs nothing; the last chunk, any
+    length down to one mel frame, is one step; results are offline's (the streaming
+    algorithm over the whole recording in one feed)."""
+    x = voices[: int(16000 * 3.3)]
+    got = _diarize_alone(diar, x, sizes, 600 if sizes == [1] else None)
+    assert kernels.shapes("conv2d") and kernels.shapes("scaled_dot_product_attention")
+    kernels.strict = False
+    np.testing.assert_array_equal(got, diar.probabilities(x))
+
+
+@pytest.mark.parametrize("n", [0, 1, 159, 160, 400, 1280, 8 * 160 * 7 + 240])
+def test_sortformer_finish_with_nothing_pending(diar, voices, kernels, n):
+    """No audio, less than a mel frame, one frame, part of a chunk, exactly a chunk and its
+    right context (so finish has nothing left to step)."""
+    x = voices[16000: 16000 + n]
+    got = _diarize_alone(diar, x, [n or 1])
+    if n < 160:  # not a whole mel frame: no frames, no call
+        assert got.shape == (0, diar.n_speakers) and not kernels.calls
+    else:
+        assert len(got) and kernels.shapes("conv2d")  # watched: the steps ran under the fixture
+    off = diar.probabilities(x, streaming=False)  # NeMo's offline forward, as short
+    assert off.shape[1] == diar.n_speakers and (len(off) > 0) == (n >= 160)
+    kernels.strict = False
+    np.testing.assert_array_equal(got, diar.probabilities(x))
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_sortformer_feed_many_joining_and_leaving(diar, voices, kernels, monkeypatch, pad):
+    """Batched ticks with ragged and empty chunks, sessions joining late and finishing early,
+    one with other streaming parameters (stepped in its own group), with and without the GPU
+    batch padding: every session's frames are what it gives alone."""
+    from mlx_speech.models.sortformer import streaming
+
+    monkeypatch.setattr(streaming, "PAD_BATCH", pad)
+    specs = [(voices[: 16000 * 4], [1280], {}),
+             (voices[8000: 16000 * 3], [777, 0, 3000], {}),
+             (voices[16000 * 2: 16000 * 5], [17, 4000], {}),
+             (voices[: 1000], [1], {}),
+             (voices[16000: 16000 * 4], [2561, 0], dict(fifo_len=0, chunk_len=10,
+                                                      spkcache_update_period=10))]
+    sessions = [diar.session(**kw) for _, _, kw in specs]
+    got = [[] for _ in specs]
+    pos = [0] * len(specs)
+    tick = 0
+    while not all(s.finished for s in sessions):
+        pairs, idx = [], []
+        for i, ((x, sizes, _), s) in enumerate(zip(specs, sessions, strict=True)):
+            if s.finished or tick < i:  # joining one tick after another
+                continue
+            n = sizes[tick % len(sizes)]
+            pairs.append((s, x[pos[i]: pos[i] + n]))
+            idx.append(i)
+            pos[i] += n
+        for i, p in zip(idx, diar.feed_many(pairs), strict=True):
+            got[i].append(p)
+        done = [i for i in idx if pos[i] >= len(specs[i][0])]
+        for i, p in zip(done, diar.finish_many([sessions[i] for i in done]), strict=True):
+            got[i].append(p)
+        tick += 1
+    batches = {s[0][0] for s in kernels.shapes("conv2d")}  # rows per step
+    assert max(batches) >= 2 and (not pad or batches <= {1, 2, 4, 8})
+    kernels.strict = False
+    monkeypatch.setattr(streaming, "PAD_BATCH", False)
+    for (x, _, kw), g in zip(specs, got, strict=True):
+        s = diar.session(**kw)
+        alone = np.concatenate([s.feed(x), s.finish()])
+        np.testing.assert_allclose(np.concatenate(g), alone, atol=1e-5, rtol=0)
