@@ -107,6 +107,29 @@ def _tag(segs, speaker):
     return segs
 
 
+class FrameLog:
+    """Speaker frames (frames, n_speakers) appended in amortised constant time: the buffer
+    doubles when full, so a day-long stream never copies its whole history per chunk.
+    `frames` is everything so far (a view)."""
+
+    def __init__(self, n_speakers: int):
+        self._buf = np.zeros((256, n_speakers), np.float32)
+        self._n = 0
+
+    def add(self, p: np.ndarray) -> None:
+        need = self._n + len(p)
+        if need > len(self._buf):
+            buf = np.zeros((max(need, 2 * len(self._buf)), self._buf.shape[1]), np.float32)
+            buf[: self._n] = self._buf[: self._n]
+            self._buf = buf
+        self._buf[self._n: need] = p
+        self._n = need
+
+    @property
+    def frames(self) -> np.ndarray:
+        return self._buf[: self._n]
+
+
 class SpeakerTracker:
     """A diarizer session beside an ASR session: feed both the same samples, then ask who
     spoke a word or a span. Frames arrive with the diarizer's chunk latency
@@ -116,12 +139,16 @@ class SpeakerTracker:
     def __init__(self, diarizer, **streaming):
         self.diarizer = diarizer
         self.session = diarizer.session(**streaming)
-        self.probs = np.zeros((0, diarizer.n_speakers), np.float32)
+        self._log = FrameLog(diarizer.n_speakers)
         self.turns = SpeakerTurns()
 
+    @property
+    def probs(self) -> np.ndarray:
+        """Every speaker frame so far, (frames, n_speakers)."""
+        return self._log.frames
+
     def _add(self, p: np.ndarray) -> np.ndarray:
-        if len(p):
-            self.probs = np.concatenate([self.probs, p])
+        self._log.add(p)
         return p
 
     def feed(self, samples: np.ndarray) -> np.ndarray:

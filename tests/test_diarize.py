@@ -190,3 +190,22 @@ def test_cli_diarize_json(vr_dir, tmp_path):
     r = run(wav, "--model", str(vr_dir), "--diarizer", str(NEMO))
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
         "error: --diarizer needs --diarize")
+
+
+def test_frame_log_keeps_every_frame_without_copying_history_each_chunk():
+    """A day-long live stream appends speaker frames in amortised constant time: the log
+    equals concatenating every piece, and its buffer grows by doubling, not per chunk."""
+    from mlx_speech.diarize import FrameLog
+
+    rng = np.random.default_rng(0)
+    log, pieces, grows, cap = FrameLog(4), [], 0, None
+    for n in [0, 6, 1, 0, 300, 6, 6, 1000, 0, 13] * 20:
+        p = rng.random((n, 4), dtype=np.float32)
+        pieces.append(p)
+        log.add(p)
+        if cap is not None and len(log._buf) != cap:
+            grows += 1
+        cap = len(log._buf)
+    want = np.concatenate(pieces)
+    np.testing.assert_array_equal(log.frames, want)
+    assert grows <= int(np.log2(len(want))) + 1

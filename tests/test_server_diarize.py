@@ -162,7 +162,10 @@ def test_item_speaker_fields_on_the_connection_timeline():
     probs = np.zeros((50, 4), np.float32)
     probs[:25, 2] = 0.9  # slot 2 for the first 2 s, slot 0 after
     probs[25:, 0] = 0.9
-    sp.probs = probs
+    from mlx_speech.diarize import FrameLog
+
+    sp.log = FrameLog(4)
+    sp.log.add(probs)
     sp.pushed = 16000  # item a starts 1 s into the connection
     sp.start_item("a")
     words = [Word("one", 0.1, 0.4), Word("two", 0.5, 0.8), Word("three", 1.2, 1.6)]

@@ -150,11 +150,11 @@ class ConnectionSpeakers:
     the last frame's speaker)."""
 
     def __init__(self, engine, diarizer, sink):
-        from ..diarize import SpeakerTurns
+        from ..diarize import FrameLog, SpeakerTurns
 
         owner = owner_for(diarizer)
         self.stream = engine.open_asr(owner, owner.session, sink)
-        self.probs = np.zeros((0, diarizer.n_speakers), np.float32)
+        self.log = FrameLog(diarizer.n_speakers)
         self.pushed = 0  # samples on the connection's timeline
         self.base = 0  # where the current TurnStream's sample 0 sits on that timeline
         self.starts: dict[str, int] = {}
@@ -172,7 +172,11 @@ class ConnectionSpeakers:
 
     def event(self, ev) -> None:
         if ev[0] in ("delta", "done") and ev[1]:
-            self.probs = np.concatenate([self.probs, ev[1].probs])
+            self.log.add(ev[1].probs)
+
+    @property
+    def probs(self) -> np.ndarray:
+        return self.log.frames
 
     def start_item(self, item: str, at: int | None = None) -> None:
         """`item` starts now (client commits) or at TurnStream sample `at` (VAD turns)."""
