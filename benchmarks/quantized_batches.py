@@ -20,25 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from batched_asr_profile import best_ms  # noqa: E402
 
 from mlx_speech.nn import quant  # noqa: E402
-
-
-def best_ms(f, reps: int) -> float:
-    f()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        out.append((time.perf_counter() - t0) * 1000)
-    return min(out)
 
 
 def main() -> None:
