@@ -22,9 +22,10 @@ from mlx_speech.diarize import (
     label_words,
 )
 from mlx_speech.models import sortformer
-from mlx_speech.models.asr import Transcript, Word
+from mlx_speech.models.asr import Transcript
 from mlx_speech.transcribe import segments_from_words, transcribe_file
 from mlx_speech.writers import Segment, write_transcript
+from tests.diarize_helpers import script_words as _words
 
 DATA = Path(__file__).parent / "data"
 NEMO = Path(__file__).parent / "golden" / "sortformer" / "tiny.nemo"
@@ -39,17 +40,6 @@ def diarizer():
 def recording():
     x, _ = sf.read(DATA / "voices_3spk.wav", dtype="float32")
     return x, json.loads((DATA / "voices_3spk.json").read_text())
-
-
-def _words(meta) -> list[Word]:
-    """Each utterance's words spread evenly over its span."""
-    out = []
-    for u in meta:
-        toks = u["text"].split()
-        step = (u["end"] - u["start"]) / len(toks)
-        out += [Word(t, round(u["start"] + i * step, 3), round(u["start"] + (i + 1) * step, 3))
-                for i, t in enumerate(toks)]
-    return sorted(out, key=lambda w: w.start)
 
 
 class FakeASR:

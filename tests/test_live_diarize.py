@@ -18,8 +18,8 @@ import mlx_speech
 from mlx_speech import diarize
 from mlx_speech.models import sortformer
 from mlx_speech.models.asr import Transcript, Word
-from tests.test_live_turns import BLOCK, _turns_offline, blocks
-from tests.turns_audio import fake_microphone, silero
+from tests.turns_audio import BLOCK, blocks, fake_microphone, silero
+from tests.turns_audio import turns_offline as _turns_offline
 
 DATA = Path(__file__).parent / "data"
 NEMO = Path(__file__).parent / "golden" / "sortformer" / "tiny.nemo"
@@ -163,7 +163,7 @@ class ScriptedSession:
 def script(vad, audio):
     import json
 
-    from tests.test_diarize import _words
+    from tests.diarize_helpers import script_words as _words
 
     meta = json.loads((DATA / "voices_3spk.json").read_text())
     return _words(meta), _turns_offline(vad, audio, 300)

@@ -10,10 +10,10 @@ import pytest
 import mlx_speech
 from mlx_speech.models import asr
 from tests.conftest import speechlike
-from tests.turns_audio import fake_microphone, scene, silero
+from tests.turns_audio import BLOCK, blocks, fake_microphone, scene, silero
+from tests.turns_audio import turns_offline as _turns_offline
 
 GOLDEN_NM = "tests/golden/nemotron"
-BLOCK = 1280  # the microphone's block (80 ms)
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,6 @@ def nm():
 @pytest.fixture(scope="module")
 def vad():
     return silero()
-
-
-def blocks(x: np.ndarray, n: int = BLOCK):
-    return [x[i: i + n] for i in range(0, len(x), n)]
 
 
 @pytest.mark.parametrize("name", ["nm", "vr"])
@@ -72,20 +68,6 @@ def test_no_vad_live_line_holds_constant_memory(nm):
     whole = nm.transcribe(x)
     assert "".join(out).strip() == whole.text
     assert len(whole.token_ids) > 1500 and most < asr.DRAIN_HOLD_MAX
-
-
-def _turns_offline(vad, x, silence_ms=500):
-    """The turns the VAD cuts in `x`, computed offline (streamed VAD == offline)."""
-    from mlx_speech.audio.turns import FRAME, TurnAudio, TurnConfig, TurnDetector
-    from mlx_speech.models.silero_vad import frame_probs
-
-    ta = TurnAudio(TurnDetector(TurnConfig(silence_duration_ms=silence_ms)))
-    ta.push(x)
-    n = len(x) // FRAME
-    acts = ta.step(frame_probs(vad, x[: n * FRAME])[:n]) + ta.commit()
-    starts = [a[1] for a in acts if a[0] == "start"]
-    stops = [a[1] for a in acts if a[0] == "stop"]
-    return list(zip(starts, stops, strict=True))
 
 
 def test_vad_live_lines_one_per_turn_with_timestamps(nm, vad):

@@ -10,6 +10,7 @@ import soundfile as sf
 
 DATA = Path(__file__).parent / "data"
 RATE = 16000
+BLOCK = 1280  # the microphone's block (80 ms)
 
 
 def phrase(name: str) -> np.ndarray:
@@ -82,3 +83,21 @@ def fake_microphone(blocks: list[np.ndarray]):
             return self.read(timeout)
 
     return FakeMic
+
+
+def blocks(x: np.ndarray, n: int = BLOCK):
+    return [x[i: i + n] for i in range(0, len(x), n)]
+
+
+def turns_offline(vad, x, silence_ms=500):
+    """The turns the VAD cuts in `x`, computed offline (streamed VAD == offline)."""
+    from mlx_speech.audio.turns import FRAME, TurnAudio, TurnConfig, TurnDetector
+    from mlx_speech.models.silero_vad import frame_probs
+
+    ta = TurnAudio(TurnDetector(TurnConfig(silence_duration_ms=silence_ms)))
+    ta.push(x)
+    n = len(x) // FRAME
+    acts = ta.step(frame_probs(vad, x[: n * FRAME])[:n]) + ta.commit()
+    starts = [a[1] for a in acts if a[0] == "start"]
+    stops = [a[1] for a in acts if a[0] == "stop"]
+    return list(zip(starts, stops, strict=True))
