@@ -153,13 +153,7 @@ class StreamingASR:
     """
 
     def _check_sessions(self, sessions) -> None:
-        seen = set()
-        for s in sessions:
-            if s.owner is not self:
-                raise MlxSpeechError("a session belongs to another model")
-            if id(s) in seen:
-                raise MlxSpeechError("a session may appear only once per call")
-            seen.add(id(s))
+        check_sessions(self, sessions)
 
     def feed_many(self, pairs: Sequence[tuple[object, np.ndarray]]) -> list[str]:
         """Feed each session its chunk (16 kHz mono float32, any size, may be empty).
@@ -169,12 +163,7 @@ class StreamingASR:
         is checked first: a bad chunk, a finished session or a session listed twice
         raises before any session is fed. Call from the one thread that owns MLX work.
         """
-        sessions = [s for s, _ in pairs]
-        self._check_sessions(sessions)
-        for s in sessions:
-            if s.finished:
-                raise MlxSpeechError("session already finished; start a new one")
-        audios = [check_audio(c) for _, c in pairs]
+        sessions, audios = checked_pairs(self, pairs)
         return self._feed_batch(sessions, audios) if sessions else []
 
     def finish_many(self, sessions: Sequence[object]) -> list[str]:
@@ -182,6 +171,28 @@ class StreamingASR:
         sessions = list(sessions)
         self._check_sessions(sessions)
         return self._finish_batch(sessions) if sessions else []
+
+
+def check_sessions(owner, sessions) -> None:
+    """Every session is `owner`'s, and none is listed twice (a batched call's sessions)."""
+    seen = set()
+    for s in sessions:
+        if getattr(s, "owner", None) is not owner:
+            raise MlxSpeechError("a session belongs to another model")
+        if id(s) in seen:
+            raise MlxSpeechError("a session may appear only once per call")
+        seen.add(id(s))
+
+
+def checked_pairs(owner, pairs) -> tuple[list, list[np.ndarray]]:
+    """A batched feed's `[(session, chunk)]` checked before any session is fed: the sessions
+    (`check_sessions`, none finished) and their chunks as float32 mono."""
+    sessions = [s for s, _ in pairs]
+    check_sessions(owner, sessions)
+    for s in sessions:
+        if s.finished:
+            raise MlxSpeechError("session already finished; start a new one")
+    return sessions, [check_audio(c) for _, c in pairs]
 
 
 def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,

@@ -11,9 +11,9 @@ from mlx.utils import tree_flatten
 
 from ...audio.io import check_audio, load_audio
 from ...converted import is_converted
-from ...errors import CheckpointError, MlxSpeechError
+from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
-from ..asr import load_strict
+from ..asr import check_sessions, checked_pairs, load_strict
 from ..nemotron_streaming.features import NemoLogMel
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer
@@ -57,33 +57,19 @@ class SortformerDiarizer:
             dtype = mx.float16
         return DiarizerSession(self, config, init_state(self.model, config, dtype))
 
-    def _check(self, sessions) -> None:
-        seen = set()
-        for s in sessions:
-            if not isinstance(s, DiarizerSession) or s.owner is not self:
-                raise MlxSpeechError("a session of another model was passed")
-            if id(s) in seen:
-                raise MlxSpeechError("the same session was passed twice")
-            seen.add(id(s))
-
     def feed_many(self, pairs) -> list[np.ndarray]:
         """Feed each session its chunk (16 kHz mono float32, any size): `[(session, audio)]`
         as the ASR families take it. Returns each session's new frames (n, n_spk), exactly
         as `[s.feed(a) for s, a in pairs]` would, the model work batched into shared steps.
         Input is checked before any session is fed."""
-        sessions = [s for s, _ in pairs]
-        self._check(sessions)
-        for s in sessions:
-            if s.finished:
-                raise MlxSpeechError("session already finished; start a new one")
-        audios = [check_audio(a) for _, a in pairs]
+        sessions, audios = checked_pairs(self, pairs)
         for s, x in zip(sessions, audios, strict=True):
             s._push(s.mel.feed(x))
         return self._run(sessions, final=False)
 
     def finish_many(self, sessions: list[DiarizerSession]) -> list[np.ndarray]:
         """End each session's audio; returns its remaining frames."""
-        self._check(sessions)
+        check_sessions(self, sessions)
         live = [s for s in sessions if not s.finished]
         for s in live:
             s._push(s.mel.finish())
