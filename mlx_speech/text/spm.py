@@ -11,12 +11,25 @@ from __future__ import annotations
 import json
 import re
 import struct
+import unicodedata
 from pathlib import Path
 
 from ..errors import CheckpointError
 from ..protobuf import fields as _fields
 
 SPACE = "\u2581"
+
+
+def normalize_pieces(text: str, nfkc: bool, collapse: bool, dummy_prefix: bool) -> str:
+    """SentencePiece's input normalization: NFKC (its nmt_nfkc rules' Unicode part),
+    whitespace collapsed, the dummy prefix space, spaces as U+2581."""
+    if nfkc:
+        text = unicodedata.normalize("NFKC", text)
+    if collapse:
+        text = " ".join(text.split())
+    if dummy_prefix and text:
+        text = " " + text
+    return text.replace(" ", SPACE)
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNKNOWN_SURFACE = " \u2047 "

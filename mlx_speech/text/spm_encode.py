@@ -12,7 +12,6 @@ pieces when the model has them, else the unknown id (one per run).
 from __future__ import annotations
 
 import heapq
-import unicodedata
 from typing import TYPE_CHECKING
 
 from ..errors import MlxSpeechError
@@ -47,14 +46,11 @@ def _tables(spm: SentencePieceDecoder) -> dict:
 
 
 def _normalize(spm: SentencePieceDecoder, text: str) -> str:
+    from .spm import normalize_pieces
+
     enc = spm.encoding or {}
-    if enc.get("normalizer", "identity") != "identity":
-        text = unicodedata.normalize("NFKC", text)
-    if spm.collapse:
-        text = " ".join(text.split())
-    if spm.dummy_prefix and text:
-        text = " " + text
-    return text.replace(" ", SPACE)
+    return normalize_pieces(text, enc.get("normalizer", "identity") != "identity",
+                            spm.collapse, spm.dummy_prefix)
 
 
 def _fallback(t: dict, piece: str) -> list[int]:

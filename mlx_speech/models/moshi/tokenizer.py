@@ -9,7 +9,6 @@ NFKC charsmap is approximated by `unicodedata` NFKC, exact for ordinary text.
 from __future__ import annotations
 
 import struct
-import unicodedata
 from pathlib import Path
 
 from ...errors import CheckpointError
@@ -17,12 +16,12 @@ from ...text.spm import (
     BYTE,
     CONTROL,
     NORMAL,
-    SPACE,
     UNKNOWN,
     USER_DEFINED,
     SentencePieceDecoder,
     StreamingDecoder,
     _fields,
+    normalize_pieces,
     normalizer_flags,
 )
 
@@ -84,12 +83,7 @@ class TextTokenizer:
         return len(self.kinds)
 
     def normalize(self, text: str) -> str:
-        t = unicodedata.normalize("NFKC", text)
-        if self.collapse:
-            t = " ".join(t.split())
-        if self.dummy_prefix and t:
-            t = " " + t
-        return t.replace(" ", SPACE)
+        return normalize_pieces(text, True, self.collapse, self.dummy_prefix)
 
     def encode(self, text: str) -> list[int]:
         s = self.normalize(text)
