@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tests.app_sim import Sim  # noqa: E402
+from tests.app.helpers_sim import Sim  # noqa: E402
 from tests.conftest import make_voxtral_checkpoint, speechlike  # noqa: E402
 
 TEXT = "The quarterly numbers are in, and they look better than we feared."
@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--tts", default="tiny,mid")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    from tests.pulse import Pulse, _skip_reason
+    from tests.support.pulse import Pulse, _skip_reason
 
     reason = _skip_reason()
     if reason:

@@ -98,8 +98,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bits", type=int, nargs="+", default=[8, 4])
     ap.add_argument("--group-size", type=int, default=64)
     args = ap.parse_args(argv)
-    from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
-    from tests.moshi_helpers import write_folder
+    from tests.support.moshi import write_folder
+    from tests.support.tekken import VOXTRAL_AUDIO, write_tekken
 
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

@@ -50,7 +50,7 @@ APPEND = int(24000 * FRAME_S)  # samples per append
 def speech24(turns: int, seed: int) -> np.ndarray:
     """pcm16 at 24 kHz: `turns` phrases, 0.9 s pauses, noise throughout."""
     from mlx_speech.audio.resample import resample
-    from tests.turns_audio import scene
+    from tests.support.turns_audio import scene
 
     names = [("please", "meeting", "go")[i % 3] for i in range(turns)]
     audio, _ = scene(names, lead_s=0.6, gap_s=0.9, tail_s=1.0, seed=seed)

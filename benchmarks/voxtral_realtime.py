@@ -133,7 +133,7 @@ def tekken_pieces(n: int) -> list[bytes]:
 def write_checkpoint(folder: Path, enc: dict[str, int], dec: dict[str, int], dtype: mx.Dtype,
                      seed: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken
+    from tests.support.tekken import VOXTRAL_AUDIO, write_tekken
 
     key = mx.random.key(seed)  # drawn by MLX (numpy takes minutes for 4.4 B parameters)
     tensors: dict[str, mx.array] = {}

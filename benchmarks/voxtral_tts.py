@@ -37,7 +37,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers_tekken import write_tekken  # noqa: E402
+from tests.support.tekken import write_tekken  # noqa: E402
 
 N_SPECIAL = 100
 CONFIGS = {

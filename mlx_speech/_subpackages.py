@@ -6,7 +6,7 @@ checkout put on sys.path some other way (`PYTHONPATH=.`, or an editable install 
 checkout or before the mapping existed) has no such map: `import mlx_speech.convert` would fail,
 or find a stale copy. This finder, active only when the package runs from a source tree (the
 folder sits beside `mlx_speech/` and is not inside it), maps exactly these names and nothing
-else. Keep SOURCE_TREE equal to pyproject's package-dir table (tests/test_layout.py checks).
+else. Keep SOURCE_TREE equal to pyproject's package-dir table (tests/project/test_layout.py checks).
 """
 
 from __future__ import annotations

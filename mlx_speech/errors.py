@@ -26,7 +26,7 @@ class MissingDependency(MlxSpeechError):
 
 
 # Import names whose distribution (what pip installs) is named differently.
-# tests/test_declared_deps.py uses the same table to check pyproject.toml.
+# tests/project/test_declared_deps.py uses the same table to check pyproject.toml.
 DISTRIBUTIONS = {
     "PIL": "pillow",
     "yaml": "pyyaml",

@@ -14,13 +14,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 # helper modules that hold whole test bodies: plain asserts there report like a test's own
-pytest.register_assert_rewrite("tests.mimi_helpers", "tests.moshi_transformer_helpers",
-                               "tests.voxtral_helpers")
+pytest.register_assert_rewrite("tests.support.mimi", "tests.support.moshi_transformer",
+                               "tests.support.voxtral")
 
-from tests.gpu_emulation import gpu_order, gpu_rope, no_float64  # noqa: E402, F401
-from tests.helpers_tekken import VOXTRAL_AUDIO, write_tekken  # noqa: E402
-from tests.kernel_watch import kernels  # noqa: E402, F401
-from tests.pulse import pulse  # noqa: E402, F401  (the PulseAudio device fixture)
+from tests.support.gpu_emulation import gpu_order, gpu_rope, no_float64  # noqa: E402, F401
+from tests.support.kernel_watch import kernels  # noqa: E402, F401
+from tests.support.pulse import pulse  # noqa: E402, F401  (the PulseAudio device fixture)
+from tests.support.tekken import VOXTRAL_AUDIO, write_tekken  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden" / "voxtral_realtime"
 

@@ -26,8 +26,8 @@ def main() -> None:
 
     from mlx_speech.audio.resample import resample
     from tests.conftest import speechlike
-    from tests.server_helpers import ServerThread
-    from tests.web_helpers import browser_missing, launch, open_page, panel, tiny_models
+    from tests.support.server import ServerThread
+    from tests.web.helpers_page import browser_missing, launch, open_page, panel, tiny_models
 
     if why := browser_missing():
         sys.exit(f"screenshots.py {why}")

@@ -2,7 +2,7 @@
 
     python tests/data/make_turns_audio.py   # needs espeak-ng (apt-get install espeak-ng)
 
-Used by the turn-detection and realtime-client tests (tests/turns_audio.py composes them
+Used by the turn-detection and realtime-client tests (tests/support/turns_audio.py composes them
 with pauses and background noise). Re-running with another espeak-ng version may change
 the samples slightly; the tests derive every expected position from the files themselves.
 """

@@ -175,7 +175,7 @@ def main() -> None:
         print(name, "tokens", tokens.tolist())
     np.savez_compressed(out / "golden.npz", **gold)
     for f in out.rglob("tekken.json"):
-        f.unlink()  # the tests write it (tests/helpers_tekken.py)
+        f.unlink()  # the tests write it (tests/support/tekken.py)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.helpers_tekken import write_tekken  # noqa: E402
+from tests.support.tekken import write_tekken  # noqa: E402
 
 OUT = Path(__file__).parent / "voxtral_tts"
 SEED, FRAMES, TEXT = 3, 6, "Hi there."

@@ -1,0 +1,67 @@
+"""`mlx_speech doctor`: one screen about this machine, offline, quickly, saying what it could
+not check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import make_voxtral_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def doctor(*args, env=None):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "mlx_speech", "doctor", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return r, time.monotonic() - t0
+
+
+def _cache(tmp_path: Path) -> dict:
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny-voxtral" / "snapshots" / ("a" * 40)
+    make_voxtral_checkpoint(snap, "hf")
+    (cache / "models--acme--tiny-voxtral" / "refs").mkdir()
+    (cache / "models--acme--tiny-voxtral" / "refs" / "main").write_text("a" * 40)
+    return {"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
+
+
+def test_offline_screen(tmp_path):
+    r, seconds = doctor("--offline", env=_cache(tmp_path))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
+    for name in ("mlx_speech", "mlx", "model", "acme/tiny-voxtral", "free", "hub", "vad",
+                 "extras"):
+        assert name in rows, r.stdout
+    assert "Python " in rows["mlx_speech"]
+    assert any(b in rows["mlx"] for b in ("Metal", "CUDA", "CPU"))
+    assert "voxtral_realtime, asr" in rows["acme/tiny-voxtral"]
+    assert "not checked (--offline)" in rows["hub"]
+    assert "not checked: hub" in r.stdout  # what it could not check, at the end
+    assert "microphone" in rows or "audio" in rows
+    assert seconds < 10  # the budget is 3 s; a busy CI machine gets slack
+
+
+def test_json_and_hf_hub_offline(tmp_path):
+    r, _ = doctor("--json", env={**_cache(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    rows = {row["name"]: row for row in d["rows"]}
+    assert rows["hub"]["status"] == "n/a" and "HF_HUB_OFFLINE" in rows["hub"]["detail"]
+    assert "hub" in d["not_checked"]
+    assert [m["repo"] for m in d["models"]] == ["acme/tiny-voxtral"]
+    assert d["models"][0]["bytes"] > 0
+
+
+def test_audio_without_sounddevice_says_so(monkeypatch):
+    from mlx_speech import doctor as doc
+
+    monkeypatch.setitem(sys.modules, "sounddevice", None)
+    (row,) = doc.audio_rows()
+    assert row[:2] == ("audio", "n/a") and "mlx-speech[live]" in row[2]

@@ -1,0 +1,103 @@
+"""Shared by the server tests (tests/server/, tests/web/test_web.py,
+tests/project/test_readme.py)
+and docs/web/screenshots.py: the server on a loopback port in a thread, the audio a client
+sends, and vLLM's realtime example client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import soundfile as sf
+
+from mlx_speech.server import make_app
+
+DEADLINE_S = 60.0  # bound on every wait for the server (never hit when things work)
+KEY = "test-key"  # the API key of tests/server/test_server.py's server; vllm_client's default
+
+
+class ServerThread:
+    """uvicorn in a thread on a free loopback port; always shut down."""
+
+    def __init__(self, models, **kw):
+        import uvicorn
+
+        self.app, self.engine = make_app(models, **kw)
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            assert time.time() - t0 < DEADLINE_S and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(DEADLINE_S)
+        self.engine.stop()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+def wav_bytes(x: np.ndarray, sr: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, x, sr, subtype="FLOAT", format="WAV")
+    return buf.getvalue()
+
+
+def pcm16(x: np.ndarray) -> np.ndarray:
+    """What a pcm16 client sends (and what the server decodes, / 32768)."""
+    return np.round(np.clip(x, -1, 1) * 32767).astype("<i2")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+
+
+async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
+                      chunk_bytes: int = 4096, headers=None) -> tuple[str, dict]:
+    """vLLM's examples/online_serving/openai_realtime_client.py, step by step."""
+    import websockets
+
+    async with websockets.connect(srv.ws + "/v1/realtime",
+                                  additional_headers=headers or {"Authorization":
+                                                                 f"Bearer {KEY}"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "model": model}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # start
+        b = pcm.tobytes()
+        for i in range(0, len(b), chunk_bytes):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(b[i:i + chunk_bytes]).decode()}))
+            if pace_s:
+                await asyncio.sleep(pace_s)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        deltas = []
+        while True:
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "transcription.delta":
+                deltas.append(ev["delta"])
+            elif ev["type"] == "transcription.done":
+                return "".join(deltas), ev
+            else:
+                raise AssertionError(ev)
