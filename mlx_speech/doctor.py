@@ -86,13 +86,13 @@ def _cache_dir() -> Path:
 
 def _model_type(snapshot: Path) -> str:
     from .hub import detect_model_type
-    from .registry import KINDS
+    from .registry import MODELS, kind_of
 
     try:
         t = detect_model_type(snapshot)
     except Exception:
         return "not a model mlx_speech loads"
-    return f"{t}, {KINDS.get(t, '?')}" if t in KINDS else f"{t}: not supported"
+    return f"{t}, {kind_of(t)}" if t in MODELS else f"{t}: not supported"
 
 
 def cache_rows() -> tuple[list[Row], list[dict]]:

@@ -81,9 +81,9 @@ def check_latency(model_type: str, latency_ms: int | None) -> None:
     """--latency-ms against what the model family takes (from its config, before loading;
     `load(kind="asr")` has already refused other kinds)."""
     if latency_ms is not None:
-        from .registry import model_module
+        from .registry import family
 
-        model_module(model_type).check_latency_ms(latency_ms)
+        family(model_type).latency.check(latency_ms)
 
 
 class _AudioLog:

@@ -67,9 +67,9 @@ def _run(args) -> None:
     if args.max_frames is not None and args.max_frames <= 0:
         raise MlxSpeechError("--max-frames must be a positive number of frames")
     if args.delay_ms is not None:
-        from mlx_speech.models.voxtral_realtime.session import delay_tokens
+        from mlx_speech.registry import family
 
-        delay_tokens(args.delay_ms)
+        family("voxtral_realtime").latency.check(args.delay_ms)
     if args.save_audio and not args.simulate:
         raise MlxSpeechError("--save-audio is for --simulate")
     if args.doctor:

@@ -52,13 +52,13 @@ class Served:
 
     def details(self, model_id: str) -> dict:
         """What a client needs beyond the kind: the sample rate, the voices (TTS, PersonaPlex),
-        the duplex family (kyutai or personaplex)."""
+        whether a duplex model takes voice and role prompts (`roles`: PersonaPlex)."""
         m = self.models[model_id]
         out = {"sample_rate": m.sample_rate}
         if self.kind(model_id) != "asr":
             out["voices"] = list(m.voices)
         if self.kind(model_id) == "duplex":
-            out["family"] = m.family
+            out["roles"] = m.roles
         if self.kind(model_id) == "asr" and self.diarizer is not None:
             out["diarize"] = True  # the server can label speakers (--diarizer)
         return out

@@ -39,14 +39,6 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _weights_bytes(model) -> int:
-    from mlx.utils import tree_flatten
-
-    mods = [getattr(model, n) for n in ("lm", "mimi", "model") if hasattr(model, n)]
-    return sum(v.nbytes for m in mods if hasattr(m, "parameters")
-               for _, v in tree_flatten(m.parameters()))
-
-
 def duplex_session_bytes(model) -> int:
     """A conversation's memory: its LM's KV cache (keys and values of every layer over the
     whole context, 16-bit), plus ~64 MB of Mimi state and buffers."""
@@ -68,7 +60,7 @@ def default_max_sessions(models: dict) -> int:
         ram = _physical_memory()
         if ram is None:
             return 8
-        weights = sum(_weights_bytes(m) for m in models.values())
+        weights = sum(m.weight_bytes() for m in models.values())
         per = max(duplex_session_bytes(m) for m in duplex)
         return int(min(64, max(1, (ram // 2 - weights) // per)))
     except Exception:  # a model without the expected config: a fixed guess

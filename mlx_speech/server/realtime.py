@@ -31,6 +31,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
 from ..errors import MlxSpeechError
+from ..models.base import DELAY_NAMES
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .engine import BufferFull
 from .validate import Invalid, append_samples, realtime_event
@@ -345,9 +346,6 @@ class VllmConnection(_Connection):
         return []
 
 
-# OpenAI's `transcription.delay` -> each model family's own streaming delay
-VOXTRAL_DELAY_MS = {"minimal": 80, "low": 240, "medium": 480, "high": 960, "xhigh": 2400}
-NEMOTRON_LATENCY_MS = {"minimal": 80, "low": 160, "medium": 560, "high": 1120, "xhigh": 1120}
 NO_VAD = ("server-side turn detection needs the Silero VAD weights, which this server could "
           "not load (it was started with --no-vad, or mlx_speech's packaged weights are "
           "missing: start it with --vad PATH); until then send turn_detection: null and commit "
@@ -561,9 +559,9 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
                 return
         delay = tr.get("delay", self.delay)
-        if delay is not None and delay not in VOXTRAL_DELAY_MS:
+        if delay is not None and delay not in DELAY_NAMES:
             self.error("invalid_value", f"transcription.delay must be one of "
-                       f"{', '.join(VOXTRAL_DELAY_MS)}, got {delay!r}", eid)
+                       f"{', '.join(DELAY_NAMES)}, got {delay!r}", eid)
             return
         model_id, model = self.model_id, self.model
         name = tr.get("model")
@@ -595,7 +593,7 @@ class OpenAIConnection(_Connection):
         model, delay = self.model, self.delay
         if delay is None:
             return lambda: session_factory(model, self.session_kw())()
-        ms = (VOXTRAL_DELAY_MS if model.family == "voxtral" else NEMOTRON_LATENCY_MS)[delay]
+        ms = model.latency.preset(delay)  # OpenAI's delay names, in the family's latencies
         return lambda: session_factory(model, self.session_kw(), latency_ms=ms)()
 
     def invalid(self, e: Invalid, event: dict) -> None:

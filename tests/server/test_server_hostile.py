@@ -561,9 +561,10 @@ def test_7_default_max_sessions_from_memory(monkeypatch):
     nm = mlx_speech.load(GOLDEN / "nemotron")
     assert limits.default_max_sessions({"nm": nm}) == 64
     big = SimpleNamespace(kind="duplex", frame_size=1920, session=None, voices=[],
-                          config=SimpleNamespace(num_layers=32, context=3000, dim=4096))
+                          config=SimpleNamespace(num_layers=32, context=3000, dim=4096),
+                          weight_bytes=lambda: 15 << 30)
     monkeypatch.setattr(limits, "_physical_memory", lambda: 64 << 30)
-    monkeypatch.setattr(limits, "_weights_bytes", lambda m: 15 << 30 if m is big else 0)
+    monkeypatch.setattr(nm, "weight_bytes", lambda: 0)
     assert limits.default_max_sessions({"nm": nm, "moshi": big}) == 11
     monkeypatch.setattr(limits, "_physical_memory", lambda: 16 << 30)
     assert limits.default_max_sessions({"moshi": big}) == 1

@@ -16,6 +16,7 @@ from ...hub import load_safetensors, mistral_or_hf_layout
 from ...nn import quant
 from ...text.tekken import Tekken
 from ..asr import load_strict
+from ..base import parameter_bytes
 from .config import VoxtralTTSConfig
 from .generate import CodecStream, frame_codes
 from .model import Model
@@ -47,7 +48,9 @@ def default_max_frames(text: str) -> int:
 class VoxtralTTS:
     """A loaded model. `generate` returns one Audio, `stream` yields Audio chunks."""
 
-    kind = "tts"  # what every front door asks (mlx_speech.registry.KINDS)
+    kind = "tts"  # the model contract (mlx_speech/models/base.py)
+    family = "voxtral_tts"
+    name = "Voxtral TTS"
 
     def __init__(self, model: Model, tokenizer: Tekken, voices: Voices,
                  first_frame: str = "prefill", compile: bool = True):
@@ -72,6 +75,9 @@ class VoxtralTTS:
     @property
     def voices(self) -> list[str]:
         return self._voices.names
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.model])
 
     def prompt_ids(self, text: str, n_voice: int) -> list[int]:
         """[BOS] [BEGIN_AUDIO] [AUDIO]*N [NEXT_AUDIO_TEXT] text [REPEAT_AUDIO_TEXT] [BEGIN_AUDIO]"""
