@@ -16,19 +16,6 @@ import mlx.nn as nn
 
 from .conv import ConvCache
 
-# NeMo's FastConformer layer names -> these modules' (the transformers names): the same in every
-# NeMo family's checkpoint (Nemotron ASR, Sortformer), applied with re.sub in order
-NEMO_CONFORMER_RENAMES = [
-    (r"\.conv\.batch_norm\.", ".conv.norm."),
-    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
-    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
-    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
-    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
-    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
-    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
-    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
-]
-
 
 def rel_positions(n_keys: int, n_queries: int, dim: int) -> mx.array:
     """Sinusoids (sin, cos interleaved) for distances n_keys-1 down to -(n_queries-1)."""

@@ -17,9 +17,9 @@ from ...nn import quant
 from ...text.spm import SentencePieceDecoder
 from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
 from ..base import Latency, parameter_bytes
+from ..nemo.features import NemoLogMel
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
-from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
 from .session import Session, Transcript
 from .transducer import Model

@@ -10,8 +10,8 @@ import numpy as np
 from ...text.spm import StreamingDecoder
 from .. import asr
 from ..asr import DEFAULT_BOOST, TokenLogprobs, Word, drain_cut, group_words
+from ..nemo.features import StreamingNemoLogMel
 from .config import FRAME_MS
-from .features import StreamingNemoLogMel
 
 if TYPE_CHECKING:
     from . import NemotronStreaming

@@ -15,7 +15,7 @@ from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ..asr import check_sessions, checked_pairs, load_strict
 from ..base import parameter_bytes
-from ..nemotron_streaming.features import NemoLogMel
+from ..nemo.features import NemoLogMel
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer
 from .session import Diarization, DiarizerSession, Segment, segments, speaker_at
@@ -157,7 +157,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     path = Path(path)
     converted = False
     if path.is_file() and path.suffix == ".nemo":
-        from ..nemotron_streaming.nemo import read_archive
+        from ..nemo.checkpoint import read_archive
 
         nemo_config, weights, _ = read_archive(path, tokenizer=False)
         config = SortformerConfig.from_nemo(nemo_config)

@@ -245,7 +245,7 @@ def test_compression_does_not_depend_on_the_order_of_ties(monkeypatch):
 
 
 def _nemo_state(model):
-    from mlx_speech.models.nemotron_streaming.nemo import read_archive
+    from mlx_speech.models.nemo.checkpoint import read_archive
 
     _, sd, _ = read_archive(NEMO, tokenizer=False)
     return sd
