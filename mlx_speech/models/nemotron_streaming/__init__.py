@@ -8,15 +8,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted
 from ...errors import CheckpointError
-from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
-from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
+from ..asr import DEFAULT_BOOST, StreamingASR, Word, make_booster, transcribe_with
 from ..base import Latency, parameter_bytes
+from ..loading import fill, read_config, read_weights, weight_files
 from ..nemo.features import NemoLogMel
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
@@ -151,29 +149,15 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
         c = hf_config(nemo_config)
         tokenizer = SentencePieceDecoder.from_model_bytes(tok)
     else:
-        if not (path / "config.json").exists():
-            raise CheckpointError(f"{path} has no config.json")
-        c = read_json(path / "config.json")
-        if c.get("model_type") != "nemotron_asr_streaming":
-            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, "
-                                  "not nemotron_asr_streaming")
-        files = sorted(path.glob("model*.safetensors"))
-        if not files:
-            raise CheckpointError(f"no safetensors weights in {path}")
+        c = read_config(path, "nemotron_asr_streaming")
+        files = weight_files(path)
         tokenizer = _read_tokenizer(path)
-        weights = load_safetensors(files)
-        converted = is_converted(files)  # already in our names
+        weights, converted = read_weights(files)
     config = NemotronStreamingConfig.from_hf(c)
     model = Model(config)
-    params = dict(tree_flatten(model.parameters()))
-    declared = None
-    if converted:
-        pass  # already in our names
-    elif is_nemo_mlx(weights):  # an MLX export with NeMo names (possibly quantized)
-        weights = remap_nemo_mlx(weights, set(params))
-        declared = quant.declared(c)
-    else:
-        weights = remap(weights, set(params))
-    load_strict(model, weights, path, dtype, quantize, group_size, keep_high_precision,
-                declared)
+    nemo_mlx = is_nemo_mlx(weights)  # an MLX export with NeMo names (possibly quantized)
+    fill(model, weights, path, converted=converted,
+         remap=remap_nemo_mlx if nemo_mlx else remap, dtype=dtype, quantize=quantize,
+         group_size=group_size, keep=keep_high_precision,
+         declared=quant.declared(c) if nemo_mlx else None)
     return NemotronStreaming(model, tokenizer, config)

@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from ...errors import CheckpointError
 from ...nn.quant import param_name
-from ..asr import raise_missing
+from ..loading import raise_missing
 from ..nemo.checkpoint import CONFORMER_RENAMES, renamed
 
 _CONV2D = re.compile(r"^encoder\.subsampling\.(conv_in|layers\.\d+\.depthwise_conv)\.weight$")

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ...errors import CheckpointError
 from ...nn.quant import param_name
-from ..asr import raise_missing
+from ..loading import raise_missing
 from ..nemo.checkpoint import CONFORMER_RENAMES, renamed
 
 _SKIP = re.compile(r"^preprocessor\.|\.num_batches_tracked$|^tf_encoder\.embed_positions\.")

@@ -8,23 +8,14 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted
-from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, mistral_or_hf_layout, read_json
+from ...errors import MlxSpeechError
+from ...hub import read_json
 from ...nn import quant
 from ...text.tekken import Tekken
-from ..asr import (
-    DEFAULT_BOOST,
-    StreamingASR,
-    Transcript,
-    Word,
-    load_strict,
-    make_booster,
-    transcribe_with,
-)
+from ..asr import DEFAULT_BOOST, StreamingASR, Transcript, Word, make_booster, transcribe_with
 from ..base import Latency, parameter_bytes
+from ..loading import fill, mistral_or_hf_layout, read_weights, weight_files
 from .config import FRAME_MS, VoxtralRealtimeConfig
 from .model import Model
 from .session import MAX_DELAY_MS, Session, feed_batch, finish_batch
@@ -119,17 +110,9 @@ def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
     if not (folder / "params.json").exists() and cfg.exists():
         c = read_json(cfg)
         if "multimodal" in c:  # voxmlx: params.json saved as config.json (+ quantization)
-            config = VoxtralRealtimeConfig.from_params(c)
-        elif "encoder_args" in c or "decoder" in c:
-            config = VoxtralRealtimeConfig.from_mlx_audio(c)
-        else:
-            return mistral_or_hf_layout(folder, "voxtral_realtime",
-                                        VoxtralRealtimeConfig.from_params,
-                                        VoxtralRealtimeConfig.from_hf)
-        files = sorted(folder.glob("model*.safetensors"))
-        if not files:
-            raise CheckpointError(f"no safetensors weights in {folder}")
-        return config, files
+            return VoxtralRealtimeConfig.from_params(c), weight_files(folder)
+        if "encoder_args" in c or "decoder" in c:
+            return VoxtralRealtimeConfig.from_mlx_audio(c), weight_files(folder)
     return mistral_or_hf_layout(folder, "voxtral_realtime",
                                 VoxtralRealtimeConfig.from_params, VoxtralRealtimeConfig.from_hf)
 
@@ -189,23 +172,13 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None
                                             config.decoder.sliding_window)
     config.encoder.sliding_window = _window("encoder_window", encoder_window,
                                             config.encoder.sliding_window)
-    tek = folder / "tekken.json"
-    if not tek.exists():
-        raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
-    tokenizer = Tekken.from_file(tek)
+    tokenizer = Tekken.from_folder(folder)
     config.apply_tekken_audio(tokenizer.audio)
-    raw = load_safetensors(files)
-    config.layout = _weights_layout(raw, config.layout)
+    weights, converted = read_weights(files)
+    config.layout = _weights_layout(weights, config.layout)
     model = Model(config)
-    expected = {k for k, _ in tree_flatten(model.parameters())}
-    converted = is_converted(files)  # already in our names, dtypes and quantization
-    weights = raw
-    if not converted:
-        try:
-            weights = remap(raw, config, expected)
-        except (ValueError, TypeError) as e:
-            raise CheckpointError(f"{folder}: {e}") from None
-    del raw  # on-the-fly quantization frees each tensor once quantized
-    load_strict(model, weights, folder, dtype, quantize, group_size, keep_high_precision,
-                None if converted else quant.declared(folder / "config.json"))
+    fill(model, weights, folder, converted=converted,
+         remap=lambda w, expected: remap(w, config, expected), dtype=dtype, quantize=quantize,
+         group_size=group_size, keep=keep_high_precision,
+         declared=quant.declared(folder / "config.json"))
     return VoxtralRealtime(model, tokenizer, config, kv_bits)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import CheckpointError
-from mlx_speech.hub import load_safetensors
+from mlx_speech.models.loading import load_safetensors
 from mlx_speech.models.moshi import (
     KyutaiGen,
     LmConfig,
