@@ -1,5 +1,5 @@
-"""What the ASR families share at run time: results, words, phrase boosting, token logprobs,
-batched feeding, offline-as-streaming. (Loading is `models/loading.py`'s.)"""
+"""What the ASR families share at run time: results, words, phrase boosting from a vocabulary,
+token logprobs, batched feeding, offline-as-streaming. (Loading is `models/loading.py`'s.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from ..audio.io import check_audio, load_audio
-from ..text.context_graph import DEFAULT_BOOST  # noqa: F401 (re-exported to the models)
+from ..errors import MlxSpeechError
+from ..text.context_graph import Booster, ContextGraph, GraphCache
+from ..text.vocabulary import Vocabulary
 from .base import check_sessions, checked_pairs
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
@@ -85,27 +87,38 @@ def group_words(items) -> list[Word]:
     return words
 
 
-def make_booster(owner, hotwords, boost: float, vocab: int,
+def session_vocabulary(vocabulary: Vocabulary | None, hotwords=None,
+                       boost: float | None = None) -> Vocabulary | None:
+    """What a session boosts: `vocabulary` (parsed once at the caller's edge), or the Python
+    API's `hotwords=` / `boost=`, parsed here (`Vocabulary.parse`: one-line errors); not both."""
+    if vocabulary is None:
+        return Vocabulary.parse(hotwords, boost)
+    if hotwords is not None or boost is not None:
+        raise MlxSpeechError("give vocabulary= or hotwords= / boost=, not both")
+    if not isinstance(vocabulary, Vocabulary):
+        raise MlxSpeechError("vocabulary must be a mlx_speech.text.vocabulary.Vocabulary "
+                             "(or pass hotwords=)")
+    return vocabulary
+
+
+def make_booster(graphs: GraphCache, vocabulary: Vocabulary | None, vocab: int,
                  tokenizations: Callable[[str], list[list[int]]],
-                 transparent: Callable[[int], bool] | None = None):
-    """A session's phrase-boosting walk (None: no phrases or boost 0). The graph of a phrase
-    list is built once per model (`owner._graphs`) and shared by its sessions."""
-    from ..text import context_graph as cg
-
-    phrases, alpha = cg.parse_hotwords(hotwords), cg.check_boost(boost)
-    if not phrases or alpha == 0:
+                 transparent: Callable[[int], bool] | None = None) -> Booster | None:
+    """A session's phrase-boosting walk (None: no vocabulary, or boost 0). The graph of a phrase
+    list is built once per model (`graphs`, the model's own cache) and shared by its sessions;
+    `tokenizations(phrase)`: the id sequences a phrase may appear as."""
+    if vocabulary is None or not vocabulary.phrases or vocabulary.boost == 0:
         return None
-    cache = owner.__dict__.setdefault("_graphs", cg.GraphCache())
 
-    def build() -> cg.ContextGraph:
+    def build() -> ContextGraph:
         seqs = []
-        for p in phrases:
+        for p in vocabulary.phrases:
             for ids in tokenizations(p):
                 if ids and ids not in seqs:
                     seqs.append(ids)
-        return cg.ContextGraph(seqs, vocab)
+        return ContextGraph(seqs, vocab)
 
-    return cg.Booster(cache.get(tuple(phrases), build), alpha, transparent)
+    return Booster(graphs.get(vocabulary.phrases, build), vocabulary.boost, transparent)
 
 
 class TokenLogprobs:
@@ -130,15 +143,10 @@ def logprob_items(tokenizer, pairs) -> list[dict]:
     """OpenAI's logprobs entries: {token, logprob, bytes} per (id, logprob)."""
     out = []
     for tok, lp in pairs:
-        b = tokenizer.token_bytes(tok) if not _special(tokenizer, tok) else b""
+        b = tokenizer.token_bytes(tok) if not tokenizer.is_special(tok) else b""
         out.append({"token": b.decode("utf-8", "replace"), "logprob": float(lp),
                     "bytes": list(b)})
     return out
-
-
-def _special(tokenizer, tok: int) -> bool:
-    f = getattr(tokenizer, "is_special", None)
-    return bool(f and f(tok))
 
 
 class StreamingASR:

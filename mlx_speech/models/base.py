@@ -16,7 +16,8 @@ Every model:
 Speech-to-text also: `latency` (a `Latency`), `transcribe`, `feed_many`, `finish_many`,
 `tokenizer`. Text-to-speech: `voices`, `generate`, `stream`. Full duplex: `frame_size`,
 `voices`, `roles` (whether sessions take a text role prompt). Diarizer: `n_speakers`,
-`feed_many`, `finish_many`. VAD: `make_state`, called on (audio, state).
+`feed_many`, `finish_many`. VAD: `make_state`, called on (audio, state). A speech-to-text
+session takes `vocabulary` (a `mlx_speech.text.vocabulary.Vocabulary`, parsed at the edge).
 `check_sessions` / `checked_pairs` are the checks every batched `feed_many` / `finish_many`
 makes before any session moves.
 

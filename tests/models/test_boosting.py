@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import MlxSpeechError
-from mlx_speech.nn import boost
+from mlx_speech.nn import boost, sampling
 from mlx_speech.text.context_graph import Booster, ContextGraph, parse_hotwords
 from mlx_speech.text.spm import SentencePieceDecoder
 from tests.conftest import speechlike
@@ -127,13 +127,13 @@ def test_boost_wins_a_near_tie_and_leaves_clear_choices_alone():
     g = ContextGraph([[3, 4]], 8)
     w = Booster(g, 1.0)
     logits = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 1.0]])
-    assert int(boost.greedy(logits, None)[0]) == 7
-    assert int(boost.greedy(logits, boost.bias([w], 8))[0]) == 3  # near tie: the phrase wins
+    assert int(sampling.greedy(logits, None)[0]) == 7
+    assert int(sampling.greedy(logits, boost.bias([w], 8))[0]) == 3  # near tie: the phrase wins
     clear = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 5.0]])
-    assert int(boost.greedy(clear, boost.bias([w], 8))[0]) == 7
+    assert int(sampling.greedy(clear, boost.bias([w], 8))[0]) == 7
     # transducer: blank or not is the plain model's call
     blank = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 1.0, 1.2]])
-    assert int(boost.greedy_transducer(blank, boost.bias([w], 8), 8)[0]) == 8
+    assert int(sampling.greedy_transducer(blank, boost.bias([w], 8), 8)[0]) == 8
 
 
 def test_bias_shape_does_not_grow_with_phrases():
@@ -165,7 +165,7 @@ def test_hotword_lists_are_checked():
 def _record(monkeypatch):
     """Every boosted greedy choice Voxtral makes: (logits, chosen) per row."""
     seen = []
-    real = boost.greedy
+    real = sampling.greedy
 
     def spy(logits, b):
         out = real(logits, b)
@@ -173,7 +173,7 @@ def _record(monkeypatch):
             seen.append((np.array(logits.astype(mx.float32)), np.array(out)))
         return out
 
-    monkeypatch.setattr(boost, "greedy", spy)
+    monkeypatch.setattr(sampling, "greedy", spy)
     return seen
 
 

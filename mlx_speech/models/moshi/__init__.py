@@ -33,7 +33,7 @@ from .config import (
     LmConfig,
     personaplex_mlx_kwargs,
 )
-from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut, sample_token
+from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
@@ -49,7 +49,7 @@ from .weights import (
 
 __all__ = ["DEFAULT_USER_LAG", "LM", "CheckpointFiles", "DuplexSession", "GenConfig",
            "KyutaiGen", "LmConfig", "LmState", "Moshi", "PersonaPlexGen", "Sampling", "StepOut",
-           "TextTokenizer", "build_lm", "load", "sample_token", "weight_patterns"]
+           "TextTokenizer", "build_lm", "load", "weight_patterns"]
 
 DEFAULT_VOICE = "NATF0"  # PersonaPlex's web UI default
 

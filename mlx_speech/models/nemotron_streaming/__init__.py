@@ -11,8 +11,10 @@ import numpy as np
 
 from ...errors import CheckpointError
 from ...nn import quant
+from ...text.context_graph import GraphCache
 from ...text.spm import SentencePieceDecoder
-from ..asr import DEFAULT_BOOST, StreamingASR, Word, make_booster, transcribe_with
+from ...text.vocabulary import Vocabulary
+from ..asr import StreamingASR, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
 from ..loading import fill, read_config, read_weights, weight_files
 from ..nemo.features import NemoLogMel
@@ -51,6 +53,7 @@ class NemotronStreaming(StreamingASR):
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.features = NemoLogMel(config.encoder.num_mel_bins)
         default = (config.encoder.default_right_context + 1) * FRAME_MS
         if default in self.latency.choices_ms:
@@ -65,19 +68,22 @@ class NemotronStreaming(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
+                boost: float | None = None, logprobs: bool = False, *,
+                vocabulary: Vocabulary | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
-        `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
-        `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off). `logprobs`: keep
-        each token's log-probability (`result().logprobs`, `lp.take()`).
+        `vocabulary`: phrases to boost and their weight (NeMo's GPU-PB word boosting in
+        greedy decoding); `hotwords` (a list, or one comma-separated string) and `boost`
+        (default 1; 0: off) build one here instead. `logprobs`: keep each token's
+        log-probability (`result().logprobs`, `lp.take()`).
         """
-        return Session(self, latency_ms, hotwords, boost, logprobs)
+        return Session(self, latency_ms, session_vocabulary(vocabulary, hotwords, boost),
+                       logprobs)
 
-    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+    def booster(self, vocabulary: Vocabulary | None):
         """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
-        return make_booster(self, hotwords, boost, self.config.blank_id,
+        return make_booster(self.graphs, vocabulary, self.config.blank_id,
                             lambda p: [self.tokenizer.encode(p)])
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
@@ -99,14 +105,14 @@ class NemotronStreaming(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST,
-                   logprobs: bool = False) -> Transcript:
+                   hotwords=None, boost: float | None = None, logprobs: bool = False, *,
+                   vocabulary: Vocabulary | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session in the same latency mode, any chunking.
         """
-        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs), audio,
-                               sample_rate, progress)
+        session = self.session(latency_ms, hotwords, boost, logprobs, vocabulary=vocabulary)
+        return transcribe_with(session, audio, sample_rate, progress)
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:

@@ -12,8 +12,10 @@ import numpy as np
 from ...errors import MlxSpeechError
 from ...hub import read_json
 from ...nn import quant
+from ...text.context_graph import GraphCache
 from ...text.tekken import Tekken
-from ..asr import DEFAULT_BOOST, StreamingASR, Transcript, Word, make_booster, transcribe_with
+from ...text.vocabulary import Vocabulary
+from ..asr import StreamingASR, Transcript, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
 from ..loading import fill, mistral_or_hf_layout, read_weights, weight_files
 from .config import FRAME_MS, VoxtralRealtimeConfig
@@ -47,6 +49,7 @@ class VoxtralRealtime(StreamingASR):
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig,
                  kv_bits: int | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.kv_bits = kv_bits  # 8: every session's KV cache 8-bit
         self.latency = replace(self.latency, default_ms=config.audio.delay_ms)
         self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
@@ -60,21 +63,23 @@ class VoxtralRealtime(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST, logprobs: bool = False, *,
-                delay_ms: int | None = None) -> Session:
+                boost: float | None = None, logprobs: bool = False, *,
+                vocabulary: Vocabulary | None = None, delay_ms: int | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms`: the transcription delay, a multiple of 80 ms (None: the model's default);
-        `delay_ms` is its older name. `hotwords`: phrases to boost (a list, or one
-        comma-separated string) with weight `boost` (a context graph over their Tekken ids; 0:
-        off). `logprobs`: keep each token's log-probability (`result().logprobs`, `lp.take()`)."""
-        return Session(self, _latency(latency_ms, delay_ms), hotwords, boost, logprobs)
+        `delay_ms` is its older name. `vocabulary`: phrases to boost and their weight (a
+        context graph over their Tekken ids); `hotwords` (a list, or one comma-separated
+        string) and `boost` (default 1; 0: off) build one here instead. `logprobs`: keep each
+        token's log-probability (`result().logprobs`, `lp.take()`)."""
+        return Session(self, _latency(latency_ms, delay_ms),
+                       session_vocabulary(vocabulary, hotwords, boost), logprobs)
 
-    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+    def booster(self, vocabulary: Vocabulary | None):
         """A phrase-boosting walk over each phrase's Tekken ids after a space and at the
         start of the text; special tokens (pads, word markers) leave its state alone."""
         tk = self.tokenizer
-        return make_booster(self, hotwords, boost, self.config.decoder.vocab_size,
+        return make_booster(self.graphs, vocabulary, self.config.decoder.vocab_size,
                             lambda p: [tk.encode(" " + p), tk.encode(p)], tk.is_special)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
@@ -86,15 +91,17 @@ class VoxtralRealtime(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST,
-                   logprobs: bool = False, *, delay_ms: int | None = None) -> Transcript:
+                   hotwords=None, boost: float | None = None, logprobs: bool = False, *,
+                   vocabulary: Vocabulary | None = None,
+                   delay_ms: int | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session with any chunking; `progress(done_s,
         total_s)` is called every few seconds of audio.
         """
-        return transcribe_with(self.session(_latency(latency_ms, delay_ms), hotwords, boost,
-                                            logprobs), audio, sample_rate, progress)
+        session = self.session(_latency(latency_ms, delay_ms), hotwords, boost, logprobs,
+                               vocabulary=vocabulary)
+        return transcribe_with(session, audio, sample_rate, progress)
 
 
 def _latency(latency_ms: int | None, delay_ms: int | None) -> int | None:
