@@ -16,6 +16,7 @@ from mlx_speech.errors import MlxSpeechError
 from mlx_speech.nn import boost, sampling
 from mlx_speech.text.context_graph import Booster, ContextGraph, parse_hotwords
 from mlx_speech.text.spm import SentencePieceDecoder
+from mlx_speech.text.vocabulary import Vocabulary
 from tests.conftest import speechlike
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -87,6 +88,23 @@ def test_boosting_changes_nemotron_output_and_empty_list_changes_nothing(nemotro
         assert nemotron.transcribe(audio, latency_ms=1120, hotwords=hw, boost=b
                                    ).token_ids == plain
     assert B["quick_tokens"].tolist() != plain  # the golden cases do change something
+
+
+def test_a_vocabulary_value_boosts_as_its_hotwords_do(nemotron, audio):
+    """Sessions take a Vocabulary (parsed once at an edge); hotwords= / boost= are the Python
+    API's edge, built into one by Vocabulary.parse: the same tokens; the graph is built once
+    in the model's own cache and shared."""
+    phrases, alpha, _ = _case("quick")
+    vocab = Vocabulary.parse(phrases, alpha)
+    got = nemotron.transcribe(audio, latency_ms=1120, vocabulary=vocab).token_ids
+    assert got == B["quick_tokens"].tolist()
+    a, b = nemotron.session(vocabulary=vocab), nemotron.session(hotwords=phrases, boost=alpha)
+    assert a.booster.graph is b.booster.graph is nemotron.graphs.get(vocab.phrases, None)
+    assert nemotron.session(vocabulary=Vocabulary(("quick",), 0.0)).booster is None
+    with pytest.raises(MlxSpeechError, match="not both"):
+        nemotron.session(vocabulary=vocab, hotwords=["other"])
+    with pytest.raises(MlxSpeechError, match="Vocabulary"):
+        nemotron.session(vocabulary="quick brown")
 
 
 def test_nemotron_batched_equals_alone_with_different_lists(nemotron, audio):
