@@ -7,6 +7,9 @@
 - Conv module: pointwise -> GLU -> depthwise (causal with a cache, or centred) -> LayerNorm or
   (inference) BatchNorm -> SiLU -> pointwise. Frames outside `valid` are zeroed before the
   depthwise conv, as NeMo does with its pad mask, so right padding never leaks into real frames.
+
+Module names are the transformers ones; NeMo's checkpoint names map onto them with
+`mlx_speech/models/nemo/checkpoint.py`'s CONFORMER_RENAMES.
 """
 
 from __future__ import annotations
