@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ...errors import CheckpointError
 from ...nn.sampling import sample
 from .config import GenConfig, LmConfig
 
@@ -90,7 +91,7 @@ class _GenBase:
     def _sample_text(self, text_logits: mx.array) -> mx.array:
         s = self.sampling
         return sample(text_logits[:, -1], s.temp_text, s.top_k_text,
-                            self.rng.next() if s.temp_text > 0 else None)
+                      self.rng.next() if s.temp_text > 0 else None)
 
     def _depformer(self, z: mx.array, text: mx.array, n_run: int,
                    forced: list[mx.array | None]) -> list[mx.array]:
@@ -255,6 +256,13 @@ class PersonaPlexGen(_GenBase):
         if t.shape != (self.batch, self.config.num_codebooks, self.columns):
             want = (self.batch, self.config.num_codebooks, self.columns)
             raise ValueError(f"cache must be {want}, got {t.shape}")
+        for k in range(self.config.num_codebooks):  # every id must index its stream's table
+            top = self.config.text_card if k == 0 else self.config.card
+            row = t[:, k]
+            bad = row[(row != UNGENERATED) & ((row < -1) | (row > top))]
+            if bad.size:
+                raise CheckpointError(f"voice cache: stream {k} holds token {int(bad[0])}, "
+                                      f"outside -1..{top}")
         for pos in range(self.columns):
             for k in range(self.config.num_codebooks):
                 v = t[:, k, pos]

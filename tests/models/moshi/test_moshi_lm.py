@@ -118,6 +118,23 @@ def test_ungenerated_never_reaches_model(lm):
         gen.step(user=mx.zeros((1, 8, 1), dtype=mx.int32))
 
 
+def test_a_voice_cache_token_outside_its_table_is_an_error():
+    """A stored voice's cache feeds the embedding tables as they are: an id past a stream's
+    table (2048 in the text stream, whose table has text_card + 1 = 51 rows) would be an
+    out-of-bounds gather, so it is refused with the stream named."""
+    cfg = LmConfig.from_dict(json.loads((GOLDEN / "tiny_pp_config.json").read_text()))
+    pp = build_lm(cfg, load_safetensors([GOLDEN / "tiny_pp.safetensors"]))
+    gen = PersonaPlexGen(pp, cfg, GREEDY)
+    cache = np.full((1, cfg.num_codebooks, gen.columns), cfg.card)
+    with pytest.raises(CheckpointError, match=r"stream 0 holds token 2048, outside -1\.\.50"):
+        gen.set_cache(cache)
+    cache[:, 0] = cfg.text_card
+    gen.set_cache(cache)  # the initial tokens of every stream are in range
+    cache[:, 3, 1] = cfg.card + 1
+    with pytest.raises(CheckpointError, match="stream 3"):
+        gen.set_cache(cache)
+
+
 def test_missing_and_extra_keys_are_named():
     w = _weights()
     del w["depformer_emb.0.weight"]
