@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 from mlx_speech.errors import CheckpointError, MlxSpeechError
 from mlx_speech.models import voxtral_tts as vt
 from mlx_speech.models.voxtral_tts.config import VoxtralTTSConfig
-from mlx_speech.models.voxtral_tts.generate import frame_codes
 from mlx_speech.models.voxtral_tts.model import Model
+from mlx_speech.models.voxtral_tts.step import frame_codes
 from mlx_speech.models.voxtral_tts.text import normalize, split_sentences
 from tests.support.voxtral import TTS_CKPT as CKPT
 from tests.support.voxtral import TTS_GOLDEN as GOLDEN
