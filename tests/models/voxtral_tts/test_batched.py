@@ -178,3 +178,28 @@ def test_session_errors(tts):
     with pytest.raises(MlxSpeechError, match="already finished"):
         s.feed("More.")
     assert s.done and s.step() is None
+
+
+def test_caches_grow_past_their_first_slots(fixed):
+    """Prompts past 256 positions (the caches grow to 512 slots) beside ones that have not
+    grown yet: the codes of each alone."""
+    import mlx_speech.models.voxtral_tts as vt
+    from tests.support.voxtral import TTS_CKPT
+
+    plain = vt.load(TTS_CKPT, dtype=mx.float32, alibi="mlxa")  # never says END
+    prompts = [plain.prompt(TEXTS[i], VOICES[i % 2]) for i in range(3)]
+    alone = [np.stack(list(st.frame_codes(plain.model, p, 260, seed=i)))
+             for i, p in enumerate(prompts)]
+    tracks = [st.Track(p, 260, seed=i) for i, p in enumerate(prompts)]
+    got: list[list[np.ndarray]] = [[] for _ in tracks]
+    for tick in range(400):
+        live = [i for i, t in enumerate(tracks) if tick >= 40 * i and not t.done]
+        if not live:
+            break
+        st.start_tracks(plain.model, [tracks[i] for i in live if tracks[i].home is None])
+        for i, c in zip(live, st.step_tracks(plain.model, [tracks[i] for i in live]),
+                        strict=True):
+            if c is not None:
+                got[i].append(c)
+    for a, g in zip(alone, got, strict=True):
+        assert len(a) == 260 and np.array_equal(np.stack(g), a)
