@@ -35,14 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.tekken import write_tekken  # noqa: E402
 
-N_SPECIAL = 100
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from voxtral_tts import CONFIGS as PEER_CONFIGS  # noqa: E402  (tiny, mid: same as there)
+from voxtral_tts import N_SPECIAL  # noqa: E402
+
 CONFIGS = {
-    "tiny": dict(dim=64, n_layers=2, head_dim=16, hidden_dim=128, n_heads=4, n_kv_heads=2,
-                 semantic=30, n_ac=4, a_layers=1, c_dim=32, c_hidden=64, c_heads=2,
-                 c_lengths="1,1,1,1", n_voice=8, vocab=N_SPECIAL + 256),
-    "mid": dict(dim=768, n_layers=4, head_dim=64, hidden_dim=2048, n_heads=12, n_kv_heads=4,
-                semantic=1024, n_ac=36, a_layers=3, c_dim=256, c_hidden=1024, c_heads=4,
-                c_lengths="2,2,2,2", n_voice=50, vocab=N_SPECIAL + 256),
+    **{name: {**c, "vocab": N_SPECIAL + 256} for name, c in PEER_CONFIGS.items()},
     "full": dict(dim=3072, n_layers=26, head_dim=128, hidden_dim=9216, n_heads=32,
                  n_kv_heads=8, semantic=8192, n_ac=36, a_layers=3, c_dim=1024, c_hidden=4096,
                  c_heads=8, c_lengths="2,2,2,2", n_voice=64, vocab=131072),
