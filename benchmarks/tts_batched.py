@@ -20,6 +20,7 @@ stops early) and prints numbers only (no assertions):
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def stream_text_first_audio(tts) -> float:
 
 
 def main() -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     ap.add_argument("--batches", default="1,4,16")

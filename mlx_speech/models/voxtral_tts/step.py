@@ -242,10 +242,10 @@ def start_tracks(model: Model, tracks: list[Track], audio_step_id: int | None = 
                                   _frame_mask(ends, attend or n))
             h = h[:, -1]
         keys = mx.stack([mx.random.key(t.seed) for t in rows])
+        t_table = model.acoustic_transformer.time_table()
         for t, e in zip(g, ends, strict=False):
             t.pos = e + (audio_step_id is not None)
-            if t.t_table is None:
-                t.t_table = model.acoustic_transformer.time_table()
+            t.t_table = t_table if t.t_table is None else t.t_table
         Batch(h, keys, kv, g)
 
 
