@@ -44,7 +44,7 @@ CONFIGS = {
     **{name: {**c, "vocab": N_SPECIAL + 256} for name, c in PEER_CONFIGS.items()},
     "full": dict(dim=3072, n_layers=26, head_dim=128, hidden_dim=9216, n_heads=32,
                  n_kv_heads=8, semantic=8192, n_ac=36, a_layers=3, c_dim=1024, c_hidden=4096,
-                 c_heads=8, c_lengths="2,2,2,2", n_voice=64, vocab=131072),
+                 c_heads=8, c_lengths="2,2,2,2", n_voice=64, vocab=131072, sem_dim=256),
 }
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 TEXT = "Hello there, this is a long test sentence that keeps every voice busy for a while"
@@ -65,7 +65,7 @@ def params(c: dict) -> dict:
                     "hidden_dim": c["hidden_dim"], "n_heads": c["n_heads"],
                     "n_kv_heads": c["n_kv_heads"]}},
             "audio_tokenizer_args": {
-                "semantic_codebook_size": c["semantic"], "semantic_dim": 16,
+                "semantic_codebook_size": c["semantic"], "semantic_dim": c.get("sem_dim", 16),
                 "acoustic_codebook_size": 21, "acoustic_dim": c["n_ac"], "dim": c["c_dim"],
                 "hidden_dim": c["c_hidden"], "head_dim": c["c_dim"] // c["c_heads"],
                 "n_heads": c["c_heads"], "n_kv_heads": c["c_heads"],
