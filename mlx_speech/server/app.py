@@ -20,7 +20,7 @@ from starlette.datastructures import UploadFile
 from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
-from .engine import BufferFull
+from .jobs import AsrStream, BufferFull, SpeechJob, Steps
 from .limits import Limits, default_max_sessions, while_connected
 from .security import Defences
 from .validate import FILE_RATES, Invalid
@@ -231,8 +231,8 @@ def create_app(served: Served) -> FastAPI:
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
         if want_lp:
             vocab = {**vocab, "logprobs": True}
-        s = served.engine.open_asr(model, session_factory(model, vocab), AsyncSink(q, loop),
-                                   max_samples=len(audio))
+        s = served.engine.submit(AsrStream(model, session_factory(model, vocab),
+                                           AsyncSink(q, loop), max_samples=len(audio)))
         try:
             s.push(audio)
         except BufferFull as e:
@@ -252,10 +252,12 @@ def create_app(served: Served) -> FastAPI:
         if diarize:  # diarized_json, or diarize=true on verbose_json
             from .diarization import diarize_upload, diarized_json, speaker_fields
 
-            try:
-                d = await diarize_upload(served, audio, result, AsyncSink)
+            try:  # the client gone: the diarizer stream is closed, as the transcription's
+                d = await while_connected(request, diarize_upload(served, audio, result))
             except RuntimeError as e:
                 raise _http_error(500, str(e)) from None
+            if d is None:
+                return Response(status_code=499)
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
@@ -326,9 +328,9 @@ def create_app(served: Served) -> FastAPI:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()  # the client left: generation stops before the next frame
-        job = served.engine.open_speech(
+        job = served.engine.submit(SpeechJob(
             lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
-                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop))
+                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop), model))
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if stream_format == "sse":
@@ -470,24 +472,20 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
 
 
 async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
-    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as a job
-    advanced one 16 s piece per tick (live streams step in between); its last chunk is the
-    breaks."""
-    from types import SimpleNamespace
-
+    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as steps
+    of one 16 s piece per tick (live streams step in between); its last step is the breaks."""
     from ..transcript import pause_break_steps
 
     if rate != 16000:
         return []
     q: asyncio.Queue = asyncio.Queue()
-    job = served.engine.open_speech(
-        lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
-        AsyncSink(q, asyncio.get_running_loop()))
+    job = served.engine.submit(Steps(lambda: pause_break_steps(served.vad, audio),
+                                     AsyncSink(q, asyncio.get_running_loop()), served.vad))
     breaks = []
     try:
         while True:
             ev = await q.get()
-            if ev[0] == "audio":
+            if ev[0] == "step":
                 breaks = ev[1]
             elif ev[0] == "done":
                 return breaks or []

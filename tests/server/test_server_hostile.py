@@ -106,8 +106,8 @@ def assert_healthy(srv, models) -> None:
     joined, _ = run(vllm_client(srv, "nm", pcm, headers={}))
     assert joined == models["nm"].transcribe(pcm.astype(np.float32) / 32768).text
     t0 = time.time()
-    while srv.engine._streams or srv.engine._new:  # nothing left behind
-        assert time.time() - t0 < 10, srv.engine._streams
+    while srv.engine.open_jobs:  # nothing left behind
+        assert time.time() - t0 < 10, srv.engine.open_jobs
         time.sleep(0.05)
 
 
@@ -227,7 +227,7 @@ def test_2a_non_streamed_requests_stop_when_the_client_leaves(srv, models, monke
         with pytest.raises(httpx.ReadTimeout):
             fn()
         t0 = time.time()
-        while srv.engine._streams or srv.engine._new:
+        while srv.engine.open_jobs:
             assert time.time() - t0 < 2.0, "the work of a gone client still runs"
             time.sleep(0.05)
 
