@@ -61,8 +61,7 @@ def transcribe_file(model, path: str, args) -> str:
     total = len(audio) / model.sample_rate
     bar, update = _progress_bar(total)
     try:
-        result = model.transcribe(audio, model.sample_rate, progress=update,
-                                  **_mode(model, args), **hotwords.from_args(args))
+        result = model.transcribe(audio, model.sample_rate, progress=update, **_mode(args))
     finally:
         if bar is not None:
             bar.close()
@@ -82,9 +81,11 @@ def transcribe_file(model, path: str, args) -> str:
     return write_transcript(args.format, text, segments, None, extra=extra)
 
 
-def _mode(model, args) -> dict:
-    """The session options: `latency_ms`, the one name both ASR families take."""
-    return {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
+def _mode(args) -> dict:
+    """The session options: `latency_ms` (the one name both ASR families take) and the
+    vocabulary (parsed once, from the command line)."""
+    latency = {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
+    return {**latency, **hotwords.session_keywords(args.vocabulary)}
 
 
 def check_latency(model_type: str, latency_ms: int | None) -> None:
@@ -324,7 +325,7 @@ def live(model, args, vad=None, diarizer=None) -> None:
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
-    mode = {**_mode(model, args), **hotwords.from_args(args)}
+    mode = _mode(args)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -436,7 +437,7 @@ def _run(args) -> None:
         raise MlxSpeechError("give audio files or --live, not both")
     if not args.live and (args.timestamps or args.no_vad or args.vad or args.words):
         raise MlxSpeechError("--timestamps, --words, --vad and --no-vad are for --live")
-    hotwords.from_args(args)  # a bad list fails before loading a model
+    args.vocabulary = hotwords.from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
     if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):

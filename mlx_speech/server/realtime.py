@@ -30,17 +30,14 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
-from ..errors import MlxSpeechError
-from ..models.base import DELAY_NAMES
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
 from .jobs import AsrStream, BufferFull
 from .turns import TurnStream
-from .validate import Invalid, append_samples, realtime_event
+from .validate import Invalid, append_samples, realtime_event, vocabulary
 from .vocabulary import (
     LOGPROBS_INCLUDE,
     logprob_entries,
-    request_vocabulary,
     result_logprobs,
     session_factory,
     words_field,
@@ -85,7 +82,7 @@ class _Connection:
         self.texts: dict[str, TextDeltas] = {}
         self.model_id: str | None = None
         self.model = None
-        self.vocab: dict = {}  # phrase boosting of the next sessions (server/vocabulary.py)
+        self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
         self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
 
@@ -109,8 +106,9 @@ class _Connection:
                                                AsyncSink(self.out, self.loop, "speakers"))
         return True
 
-    def session_kw(self) -> dict:
-        return {**self.vocab, **({"logprobs": True} if self.logprobs else {})}
+    def session_factory(self, model, **kw):
+        """`model`'s session factory with this connection's vocabulary and logprobs."""
+        return session_factory(model, self.vocabulary, self.logprobs, **kw)
 
     def set_include(self, include) -> str | None:
         """OpenAI's `include`; an error message for a bad one."""
@@ -264,9 +262,8 @@ class VllmConnection(_Connection):
                 return
             try:  # extension: hotwords / boost for the next utterances
                 if "hotwords" in event or "boost" in event:
-                    self.vocab = request_vocabulary(event.get("hotwords"), None,
-                                                    event.get("boost"))
-            except MlxSpeechError as e:
+                    self.vocabulary = vocabulary(event.get("hotwords"), None, event.get("boost"))
+            except Invalid as e:
                 self.error("invalid_value", str(e))
             if err := self.set_include(event.get("include")):  # extension, as OpenAI's
                 self.error("invalid_value", err)
@@ -315,7 +312,7 @@ class VllmConnection(_Connection):
     def start(self) -> None:
         self.n_items += 1
         self.item = f"utt-{self.n_items}"
-        s = self.open_stream(self.item, session_factory(self.model, self.session_kw()))
+        s = self.open_stream(self.item, self.session_factory(self.model))
         self.seconds[self.item] = 0.0
         self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
@@ -400,8 +397,8 @@ class OpenAIConnection(_Connection):
             tr["delay"] = self.delay
         if self.speakers.on:
             tr["diarize"] = True
-        if self.vocab:
-            tr["hotwords"], tr["boost"] = self.vocab["hotwords"], self.vocab["boost"]
+        if self.vocabulary is not None:
+            tr["hotwords"], tr["boost"] = list(self.vocabulary.phrases), self.vocabulary.boost
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
@@ -549,19 +546,14 @@ class OpenAIConnection(_Connection):
             self.error("invalid_value", "this server has no diarizer (start it with "
                        "--diarizer)", eid, "session.audio.input.transcription.diarize")
             return
-        vocab = self.vocab
+        vocab = self.vocabulary
         if any(k in tr for k in ("hotwords", "boost", "prompt")):
             try:  # hotwords / boost: an extension; prompt: OpenAI's, read as phrases
-                vocab = request_vocabulary(tr.get("hotwords"), tr.get("prompt"),
-                                           tr.get("boost"))
-            except MlxSpeechError as e:
+                vocab = vocabulary(tr.get("hotwords"), tr.get("prompt"), tr.get("boost"))
+            except Invalid as e:
                 self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
                 return
-        delay = tr.get("delay", self.delay)
-        if delay is not None and delay not in DELAY_NAMES:
-            self.error("invalid_value", f"transcription.delay must be one of "
-                       f"{', '.join(DELAY_NAMES)}, got {delay!r}", eid)
-            return
+        delay = tr.get("delay", self.delay)  # one of DELAY_NAMES (checked by realtime_event)
         model_id, model = self.model_id, self.model
         name = tr.get("model")
         if name is not None:
@@ -575,7 +567,7 @@ class OpenAIConnection(_Connection):
                        "with turn detection on", eid)
             return
         self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
-        self.vocab = vocab  # the next turns' sessions take it
+        self.vocabulary = vocab  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
                 self.turns.close()
@@ -589,11 +581,10 @@ class OpenAIConnection(_Connection):
 
     def make_session(self):
         """The ASR session factory for this connection's model and delay (engine thread)."""
-        model, delay = self.model, self.delay
-        if delay is None:
-            return lambda: session_factory(model, self.session_kw())()
-        ms = model.latency.preset(delay)  # OpenAI's delay names, in the family's latencies
-        return lambda: session_factory(model, self.session_kw(), latency_ms=ms)()
+        model = self.model  # the vocabulary as it is when each turn's session is made
+        kw = {} if self.delay is None else {  # OpenAI's delay names, in the family's latencies
+            "latency_ms": model.latency.preset(self.delay)}
+        return lambda: self.session_factory(model, **kw)()
 
     def invalid(self, e: Invalid, event: dict) -> None:
         eid = event.get("event_id")

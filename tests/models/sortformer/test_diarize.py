@@ -99,7 +99,7 @@ def test_turn_numbering_only_grows():
 
 def _args(fmt, diarizer=None):
     return Namespace(format=fmt, latency_ms=None, delay_ms=None, diarizer_model=diarizer,
-                     hotwords=None, hotwords_file=None, boost=None)
+                     vocabulary=None)
 
 
 @pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt"])
