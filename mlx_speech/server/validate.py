@@ -250,7 +250,7 @@ def speech_body(body, max_frames_cap: int, max_chars: int = MAX_TEXT_CHARS) -> d
 
 TRANSCRIPTION_FIELDS = ("model", "response_format", "stream", "language", "prompt",
                         "temperature", "chunking_strategy", "boost", "diarize")
-HOTWORDS_FIELDS = ("hotwords", "hotwords[]")  # several values (or commas) make one list
+HOTWORDS_FIELDS = ("hotwords", "hotwords[]")
 
 
 def transcription_form(form) -> None:
@@ -279,18 +279,12 @@ def _form_text(form, name: str) -> str | None:
 
 
 def form_vocabulary(form):
-    """POST /v1/audio/transcriptions: `hotwords` / `hotwords[]`, `prompt`, `boost` -> the
-    request's vocabulary (`vocabulary`); after `transcription_form`."""
-    from starlette.datastructures import UploadFile
-
+    """POST /v1/audio/transcriptions: `hotwords` / `hotwords[]` (text fields; several values,
+    or commas, make one list), `prompt`, `boost` -> the request's vocabulary (`vocabulary`)."""
     from ..text.vocabulary import MAX_INPUT_CHARS
 
-    items = []
-    for k in HOTWORDS_FIELDS:
-        for v in form.getlist(k):
-            if isinstance(v, UploadFile):
-                raise Invalid(k, f"{k} must be a text field, not a file")
-            items.append(string(max_len=MAX_INPUT_CHARS)(v, k))
+    items = [string(max_len=MAX_INPUT_CHARS)(v, k) for k in HOTWORDS_FIELDS
+             for v in form.getlist(k)]
     return vocabulary(",".join(items) or None, _form_text(form, "prompt"),
                       _form_text(form, "boost"))
 

@@ -398,7 +398,7 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
             await v.recv()
             for ev in ({"type": "session.update", "model": ["nm"]},
                        {"type": "input_audio_buffer.commit", "final": "yes"},
-                       {"type": ["x"]}):
+                       {"type": ["x"]}, {"type": "session.update", "diarize": "yes"}):
                 await v.send(json.dumps(ev))
                 e = json.loads(await v.recv())
                 out.append((e["type"], e["code"]))
@@ -406,7 +406,7 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
 
     out = run(realtime())
     assert out[:7] == [("error", "invalid_request_error")] * 6 + ["invalid_request_error"]
-    assert out[7:] == [("error", "invalid_request_error")] * 3
+    assert out[7:] == [("error", "invalid_request_error")] * 4
     with httpx.Client(base_url=srv.base) as c:  # one keep-alive connection throughout
         for body, param in (({"model": ["tts"]}, "model"), ({"model": {"a": 1}}, "model"),
                             ({"response_format": ["mp3"]}, "response_format"),
@@ -421,6 +421,9 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
         assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
         r = c.post("/v1/audio/transcriptions", files={"model": ("m.txt", b"nm")})
         assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        for field in ("boost", "diarize"):  # text fields, not files
+            r = c.post("/v1/audio/transcriptions", files={field: ("f.txt", b"x")})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
     async def chat(query):
         async with websockets.connect(srv.ws + "/api/chat?format=pcm&" + query) as ws:
