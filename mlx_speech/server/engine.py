@@ -112,26 +112,37 @@ class Engine:
                 if not (j.finished or j.closed):
                     j.fail("server_shutdown", self.cancel_reason)
                 j.closed = True
-        busy, last = False, None
+        busy = self._adopt()
+        self._jobs = [j for j in self._jobs if not (j.closed or j.finished)]
+        last = -1
         while True:
-            busy |= self._adopt()
-            self._jobs = [j for j in self._jobs if not (j.closed or j.finished)]
-            phase = min((j.phase for j in self._jobs if last is None or j.phase > last),
-                        default=None)
-            if phase is None:
-                break
-            groups: dict[tuple, list] = {}
+            groups: dict[tuple, list] = {}  # (phase, kind, model) -> its jobs, in order
             for j in self._jobs:
-                if j.phase == phase:
-                    groups.setdefault((type(j), id(j.model)), []).append(j)
-            for (kind, _), jobs in groups.items():
-                busy |= kind.step_many(self, jobs)
-            last = phase
+                if j.phase > last:
+                    key = (j.phase, type(j), id(j.model))
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = [j]
+                    else:
+                        group.append(j)
+            for (phase, kind, _), group in sorted(groups.items(), key=_phase):
+                if phase > last and self._new:  # submitted during the last phase: adopted,
+                    busy |= self._adopt()  # then the phases after it again, with them
+                    break
+                live = [j for j in group if not (j.closed or j.finished)]
+                if live:
+                    busy |= kind.step_many(self, live)
+                last = phase
+            else:
+                if not self._new:
+                    break
+                busy |= self._adopt()
         if busy:
             self.ticks += 1
         return busy
 
     def _adopt(self) -> bool:
+        """Start the jobs submitted since the last look (on this thread)."""
         adopted = False
         while self._new:
             j = self._new.popleft()
@@ -146,3 +157,7 @@ class Engine:
                 continue
             self._jobs.append(j)
         return adopted
+
+
+def _phase(item) -> int:
+    return item[0][0]

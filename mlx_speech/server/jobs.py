@@ -166,11 +166,12 @@ class ModelStream(AudioJob):
     @classmethod
     def step_many(cls, engine, jobs: list[ModelStream]) -> bool:
         model = jobs[0].model
+        cap = int(MAX_FEED_S * model.sample_rate)
         ready = []
         for s in jobs:
             n = s.input.pending
             if n >= s.frame or (s.end_requested and n):
-                ready.append((s, s.input.take(min(n, int(MAX_FEED_S * model.sample_rate)))))
+                ready.append((s, s.input.take(min(n, cap))))
         for b in engine.batches(ready):
             engine.batch_sizes[len(b)] += 1
             try:
