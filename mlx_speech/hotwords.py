@@ -1,7 +1,6 @@
-"""The vocabulary at the front doors: the command line's options (`--hotwords`,
-`--hotwords-file`, `--boost`, shared by the commands that run an ASR session) parsed once into a
-`Vocabulary`, and `session_keywords`, the one way every front door (CLI, server, app) hands a
-Vocabulary to a model's session."""
+"""Command-line vocabulary options (`--hotwords`, `--hotwords-file`, `--boost`), shared by
+the commands that run an ASR session, parsed once into a `Vocabulary` (sessions take it through
+`text.vocabulary.session_keywords`)."""
 
 from __future__ import annotations
 
@@ -9,14 +8,12 @@ import argparse
 from pathlib import Path
 
 from .errors import MlxSpeechError
-from .text.vocabulary import DEFAULT_BOOST, Vocabulary, phrases
-
-
-def session_keywords(vocabulary: Vocabulary | None) -> dict:
-    """The session keywords that carry `vocabulary` to a model ({} for None)."""
-    if vocabulary is None:
-        return {}
-    return {"hotwords": list(vocabulary.phrases), "boost": vocabulary.boost}
+from .text.vocabulary import (
+    DEFAULT_BOOST,
+    Vocabulary,
+    phrases,
+    session_keywords,  # noqa: F401 (the commands hand it on)
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

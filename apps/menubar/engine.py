@@ -378,7 +378,7 @@ def _session_kwargs(model, options: dict) -> dict:
     model's default; one it does not take, e.g. from a file written by hand, falls back to the
     default, said on stderr), and the vocabulary (parsed once, from the settings)."""
     from mlx_speech.errors import MlxSpeechError
-    from mlx_speech.hotwords import session_keywords
+    from mlx_speech.text.vocabulary import session_keywords
 
     kw = session_keywords(options.get("vocabulary"))
     v = options.get("latency_ms")

@@ -73,6 +73,8 @@ def _feed(stream, speakers, x: np.ndarray) -> None:
 class _Connection:
     """One client: a reader (client events) and a writer (one queue, one sender)."""
 
+    openai = False  # the dialect whose events realtime_event checks
+
     def __init__(self, ws: WebSocket, served: Served):
         self.ws, self.served = ws, served
         self.engine = served.engine
@@ -191,7 +193,7 @@ class _Connection:
                 self.error("invalid_json", "the message is not a JSON object")
                 continue
             try:
-                realtime_event(event, isinstance(self, OpenAIConnection))
+                realtime_event(event, self.openai)
             except Invalid as e:
                 self.invalid(e, event)
                 continue
@@ -368,6 +370,8 @@ class OpenAIConnection(_Connection):
     (server/turns.py): speech_started, speech_stopped, committed, conversation.item.added,
     then the item's deltas and completed, in OpenAI's order (deltas decoded before the commit
     are held until it)."""
+
+    openai = True
 
     def __init__(self, ws, served):
         super().__init__(ws, served)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from ..hotwords import session_keywords
+from ..text.vocabulary import session_keywords
 
 MAX_PROMPT_WORDS, MAX_PROMPT_CHARS = 4, 60
 
@@ -55,9 +55,9 @@ def words_field(result) -> list[dict]:
 
 
 def new_logprobs(session):
-    """The (id, logprob) pairs a session decoded since the last call; None when the session
-    does not keep logprobs (no work then)."""
-    lp = getattr(session, "lp", None)
+    """The (id, logprob) pairs an ASR session decoded since the last call; None when the
+    session does not keep logprobs (`session.lp` is None: no work then)."""
+    lp = session.lp
     return lp.take() if lp is not None and lp.new else None
 
 

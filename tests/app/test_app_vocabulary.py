@@ -8,8 +8,7 @@ from pathlib import Path
 
 from mlx_speech.app.engine import _session_kwargs
 from mlx_speech.app.settings import Settings, load_settings, save_settings
-from mlx_speech.hotwords import session_keywords
-from mlx_speech.text.vocabulary import Vocabulary
+from mlx_speech.text.vocabulary import Vocabulary, session_keywords
 from tests.app.helpers_fakes import key, make_app
 
 GOLDEN = Path(__file__).parents[1] / "golden"
