@@ -124,17 +124,18 @@ def tick_shares(url: str, pcm: np.ndarray, n: int) -> tuple[float, float, int]:
 
     vad_t, asr_t = [], []
     cur = {"vad": 0.0}
-    turn_step, asr_step = TurnStream.__dict__["step_many"], AsrStream.__dict__["step_many"]
+    saved = {k: k.__dict__.get("step_many") for k in (TurnStream, AsrStream)}
+    turn_step, asr_step = TurnStream.step_many.__func__, AsrStream.step_many.__func__
 
     def timed_turns(cls, engine, jobs):
         t = time.perf_counter()
-        r = turn_step.__func__(cls, engine, jobs)
+        r = turn_step(cls, engine, jobs)
         cur["vad"] = time.perf_counter() - t
         return r
 
     def timed_asr(cls, engine, jobs):
         t = time.perf_counter()
-        r = asr_step.__func__(cls, engine, jobs)
+        r = asr_step(cls, engine, jobs)
         if cur["vad"]:
             vad_t.append(cur["vad"])
             asr_t.append(time.perf_counter() - t)
@@ -148,7 +149,11 @@ def tick_shares(url: str, pcm: np.ndarray, n: int) -> tuple[float, float, int]:
 
         asyncio.run(many())
     finally:
-        TurnStream.step_many, AsrStream.step_many = turn_step, asr_step
+        for kind, own in saved.items():
+            if own is None:  # inherited: the class's own override goes
+                del kind.step_many
+            else:
+                kind.step_many = own
     return 1000 * statistics.mean(vad_t), 1000 * statistics.mean(asr_t), len(vad_t)
 
 
