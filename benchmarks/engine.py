@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import statistics
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def block(impl, model, n: int, frame: int, ticks: int, diarizer: bool,
 
 
 def main(argv=None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", default="main", help="the commit to compare with")
     ap.add_argument("--ticks", type=int, default=40)
