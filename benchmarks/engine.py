@@ -63,6 +63,8 @@ class NoWork:
     sample_rate = 16000
 
     class Session:
+        lp = None  # keeps no logprobs
+
         def result(self):
             return None
 
