@@ -14,13 +14,7 @@ from mlx_speech.app.cli import check_latency
 from mlx_speech.app.engine import _session_kwargs
 from mlx_speech.app.events import MenuAction, ModelStatus
 from mlx_speech.app.menu import present
-from mlx_speech.app.settings import (
-    ASR_MODELS,
-    DEFAULT_ASR,
-    Settings,
-    load_settings,
-    save_settings,
-)
+from mlx_speech.app.settings import ASR_MODELS, DEFAULT_ASR, Settings, load_settings, save_settings
 from mlx_speech.errors import MlxSpeechError
 from tests.app.helpers_fakes import FakeASR, key, make_app, pump_until, real_engine
 

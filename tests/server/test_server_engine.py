@@ -101,16 +101,11 @@ def test_a_new_kind_is_one_class_stepped_per_model_and_phase():
 
 
 @pytest.fixture(scope="module")
-def diar():
+def diar_audio():
+    """The tiny Sortformer and the three-voice recording."""
     import mlx_speech
 
-    return mlx_speech.load(NEMO)
-
-
-@pytest.fixture(scope="module")
-def audio():
-    x, _ = sf.read(DATA / "voices_3spk.wav", dtype="float32")
-    return x
+    return mlx_speech.load(NEMO), sf.read(DATA / "voices_3spk.wav", dtype="float32")[0]
 
 
 def _frames(events) -> np.ndarray:
@@ -121,7 +116,8 @@ def _frames(events) -> np.ndarray:
 
 
 @pytest.mark.parametrize("batch", [True, False])
-def test_diarizer_streams_batched_equal_the_diarizer_alone(diar, audio, batch):
+def test_diarizer_streams_batched_equal_the_diarizer_alone(diar_audio, batch):
+    diar, audio = diar_audio
     eng = Engine(batch=batch)
     cuts = (len(audio), len(audio) // 3)
     evs = [[], []]
@@ -138,7 +134,7 @@ def test_diarizer_streams_batched_equal_the_diarizer_alone(diar, audio, batch):
     assert (max(eng.batch_sizes) > 1) == batch
 
 
-def test_rest_diarization_ends_with_its_client(diar, audio):
+def test_rest_diarization_ends_with_its_client(diar_audio):
     """`diarize_upload` cancelled (the client left, as `while_connected` cancels it) while
     its first piece is in the model: its diarizer stream is closed and the engine drops it
     without feeding the rest; uncancelled, it equals the library."""
@@ -146,6 +142,7 @@ def test_rest_diarization_ends_with_its_client(diar, audio):
     from mlx_speech.models.asr import Transcript, Word
     from mlx_speech.server.diarization import diarize_upload
 
+    diar, audio = diar_audio
     eng = Engine().start()
     served = SimpleNamespace(engine=eng, diarizer=diar)
     result = Transcript("a b", [], [Word("a", 0.5, 1.0), Word("b", 5.0, 5.5)])
