@@ -14,8 +14,8 @@ KINDS = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duple
 
 
 def model_kind(model) -> str:
-    """The model's own `kind`, when it is one the server serves."""
-    kind = getattr(model, "kind", None)
+    """The model's `kind` (the model contract), when it is one the server serves."""
+    kind = model.kind
     if kind not in KINDS:
         raise ValueError(f"cannot serve a {type(model).__name__} (kind {kind!r})")
     return kind

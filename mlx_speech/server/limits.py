@@ -51,9 +51,7 @@ def default_max_sessions(models: dict) -> int:
     batched into shared steps); with a full-duplex model, as many conversations as half the
     machine's memory holds after the weights (each has its own KV cache: ~1.6 GB for a 7B
     Moshi at its 3000-step context), between 1 and 64."""
-    from .common import model_kind
-
-    duplex = [m for m in models.values() if _kind(model_kind, m) == "duplex"]
+    duplex = [m for m in models.values() if m.kind == "duplex"]
     if not duplex:
         return 64
     try:
@@ -65,13 +63,6 @@ def default_max_sessions(models: dict) -> int:
         return int(min(64, max(1, (ram // 2 - weights) // per)))
     except Exception:  # a model without the expected config: a fixed guess
         return 8
-
-
-def _kind(model_kind, m) -> str | None:
-    try:
-        return model_kind(m)
-    except ValueError:
-        return None
 
 
 def _client_ip(scope) -> str:

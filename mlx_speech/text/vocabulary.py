@@ -85,3 +85,11 @@ class Vocabulary:
         if not found or b == 0:
             return None
         return cls(tuple(found), b)
+
+
+def session_keywords(vocabulary: Vocabulary | None) -> dict:
+    """The session keywords that carry `vocabulary` to a model ({} for None): the one way
+    every front door (CLI, server, app) hands its parsed vocabulary to `model.session`."""
+    if vocabulary is None:
+        return {}
+    return {"hotwords": list(vocabulary.phrases), "boost": vocabulary.boost}
