@@ -59,14 +59,20 @@ def _plan_voxtral(plan: _Plan, folder: Path, loaded) -> None:
 
 
 def _plan_nemotron(plan: _Plan, src: Path, loaded) -> None:
+    from mlx_speech.models.nemotron_streaming.languages import nemo_config_json, with_folder_prompts
+
     if src.is_file():  # .nemo: the transformers config and the SentencePiece model inside
-        from mlx_speech.models.nemotron_streaming.nemo import hf_config, read_nemo
+        from mlx_speech.models.nemotron_streaming.nemo import read_nemo
 
         nemo_config, _, tok = read_nemo(src, weights=False)
-        plan.files["config.json"] = hf_config(nemo_config)
+        plan.files["config.json"] = nemo_config_json(nemo_config)  # Nemotron 3.5: + languages
         plan.files["tokenizer.model"] = tok
     else:
-        plan.files["config.json"] = src / "config.json"
+        from mlx_speech.hub import read_json
+
+        config = read_json(src / "config.json")
+        full = with_folder_prompts(src, config)  # Nemotron 3.5: its languages join config.json
+        plan.files["config.json"] = src / "config.json" if full is config else full
         for name in ("tokenizer.json", "tokenizer.model"):
             if (src / name).exists():
                 plan.files[name] = src / name
@@ -112,7 +118,8 @@ def _plan_vad(plan: _Plan, folder: Path, loaded) -> None:
 
 
 PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
-         "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi,
+         "nemotron_asr_streaming": _plan_nemotron, "nemotron3_5_asr": _plan_nemotron,
+         "moshi": _plan_moshi,
          "personaplex": _plan_moshi,  # the community PersonaPlex MLX layout -> moshi
          "silero_vad": _plan_vad, "sortformer": _plan_sortformer}
 
