@@ -7,7 +7,10 @@ chunked_limited context with five latency modes, xscaling), RNN-T, and the langu
 a one-hot of `num_prompts` (128) slots concatenated to the encoder output and projected back by
 `prompt_kernel` (Linear, ReLU, Linear) before the joint. Its SentencePiece model holds the
 language tags (`<en-US>` ...) as pieces, as the release does; `model_defaults.prompt_dictionary`
-maps locales, bare codes and `auto` to prompt slots.
+maps locales, bare codes and `auto` to prompt slots. Random weights decode degenerate runs, so
+the prompt kernel, predictor and joint are first taught (a few hundred Adam steps on a fixed
+alignment, the encoder left random) to read a short script per prompt: `auto` reads German and
+ends with `<de-DE>`; one frame holds max_symbols tokens.
 
 Writes, beside this file in `nemotron35/`:
 - `tiny.nemo`: NeMo's own `save_to` archive (gzip-repacked: NeMo restores it as it is).
