@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_speech.models.nemotron_streaming.languages import nemo_config_json
+from mlx_speech.models.nemotron_streaming.layouts import nemo_config_json
 from mlx_speech.models.nemotron_streaming.nemo import read_nemo
 
 

@@ -21,7 +21,8 @@ from ..base import Latency, parameter_bytes
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
-from .languages import Languages, check_language, nemo_config_json, with_folder_prompts
+from .languages import Languages, check_language
+from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
 from .nemo import read_archive, read_nemo
 from .session import Session, Transcript
 from .transducer import Model
@@ -33,6 +34,7 @@ __all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word",
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
             "tokenizer.json", "tokenizer.model", "processor_config.json"]
 MODEL_TYPES = ("nemotron_asr_streaming", "nemotron3_5_asr")  # English seed; Nemotron 3.5
+# (and mlx-audio's `nemotron_asr` layout of either, read through layouts.py)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
@@ -165,10 +167,22 @@ def check_options(configs: Path, language: str | None = None, **_) -> None:
     if configs.is_file():
         c = nemo_config_json(read_archive(configs, False, False)[0])
     elif (configs / "config.json").exists():
-        c = with_folder_prompts(configs, read_json(configs / "config.json"))
+        c = folder_config(configs)
     else:
         return  # no config yet: load() reports it
     check_language(c, language)
+
+
+def folder_config(folder: Path) -> dict:
+    """A folder's config.json as ours: mlx-audio's `nemotron_asr` layout translated, a
+    transformers Nemotron 3.5's languages joined from processor_config.json."""
+    c = read_json(folder / "config.json")
+    if c.get("model_type") == "nemotron_asr":  # mlx-audio: NeMo sections, NeMo-named weights
+        c = mlx_audio_config_json(c)
+    if c.get("model_type") not in MODEL_TYPES:
+        raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
+                              "not nemotron_asr_streaming")
+    return with_folder_prompts(folder, c)
 
 
 def keep_high_precision(path: str, module) -> bool:
@@ -202,11 +216,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     else:
         if not (path / "config.json").exists():
             raise CheckpointError(f"{path} has no config.json")
-        c = read_json(path / "config.json")
-        if c.get("model_type") not in MODEL_TYPES:
-            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, "
-                                  "not nemotron_asr_streaming")
-        c = with_folder_prompts(path, c)
+        c = folder_config(path)
         files = sorted(path.glob("model*.safetensors"))
         if not files:
             raise CheckpointError(f"no safetensors weights in {path}")

@@ -53,23 +53,6 @@ def prompt_dictionary(raw) -> dict[str, int]:
     return {("no" if k is False else str(k)): int(v) for k, v in raw.items()}
 
 
-def nemo_prompt_config(nemo: dict) -> dict:
-    """What a NeMo model_config.yaml adds to the transformers config of a prompted model
-    (empty for the English seed model): the transformers keys plus the dictionary."""
-    md = nemo.get("model_defaults") or {}
-    if not md.get("prompt_dictionary"):
-        return {}
-    prompts = prompt_dictionary(md["prompt_dictionary"])
-    hidden = md.get("enc_hidden") or (nemo.get("encoder") or {}).get("d_model", 1024)
-    return {"model_type": "nemotron3_5_asr", "num_prompts": int(md.get("num_prompts", 128)),
-            "prompt_intermediate_size": 2 * int(hidden),  # NeMo's prompt_kernel width
-            "prompt_dictionary": prompts, "default_prompt_id": prompts.get(AUTO)}
-
-
-def is_prompted_nemo(nemo: dict) -> bool:
-    return bool(nemo_prompt_config(nemo))
-
-
 def resolve(prompts: dict[str, int], language: str) -> tuple[str, int]:
     """`language` -> (the dictionary's name for it, its slot): a name as the checkpoint spells
     it, in any case and with `_` for `-`, or a bare code the dictionary lacks (`ja`: the
@@ -129,34 +112,6 @@ class Languages:
             return None
         slot = self.prompts[name]
         return next((n for n, s in self.prompts.items() if s == slot and "-" in n), name)
-
-
-def nemo_config_json(nemo: dict) -> dict:
-    """NeMo model_config.yaml -> our config.json: the transformers keys (`nemotron3_5_asr` with
-    the prompt's, or the seed's `nemotron_asr_streaming`) and the prompt dictionary."""
-    from .nemo import hf_config
-
-    return {**hf_config(nemo), **nemo_prompt_config(nemo)}
-
-
-def with_folder_prompts(folder, config: dict) -> dict:
-    """A transformers-layout Nemotron 3.5 config with its prompt dictionary: transformers keeps
-    it in processor_config.json (the release's when that file is missing, as transformers
-    does); our converted folders keep it in config.json."""
-    import json
-    from pathlib import Path
-
-    if config.get("model_type") != "nemotron3_5_asr" or "prompt_dictionary" in config:
-        return config
-    proc, prompts = Path(folder) / "processor_config.json", None
-    if proc.exists():
-        try:
-            prompts = json.loads(proc.read_text(encoding="utf-8")).get("prompt_dictionary")
-        except (OSError, ValueError, AttributeError) as e:
-            raise MlxSpeechError(f"cannot read {proc}: {e}") from None
-    prompts = prompt_dictionary(prompts) if prompts else release_prompts()
-    return {"num_prompts": 128, "default_prompt_id": prompts.get(AUTO), **config,
-            "prompt_dictionary": prompts}
 
 
 def check_language(config: dict, language: str) -> None:

@@ -57,6 +57,8 @@ def remap_nemo_mlx(weights: dict[str, mx.array], expected: set[str]) -> dict[str
     `.biases`. Raises CheckpointError naming the first unknown or missing key."""
     out: dict[str, mx.array] = {}
     for key, w in weights.items():
+        if key.startswith("preprocessor."):  # mlx-audio's mel filterbank buffers
+            continue
         if m := _MLX_LSTM.match(key):
             layer, part = m.group(1), m.group(2)
             if part == "bias":

@@ -352,3 +352,64 @@ def test_convert_nemo_writes_the_transformers_layout(tmp_path, g):
     got = mx.load(str(out / "model.safetensors"))
     assert ref.keys() == got.keys()
     assert load(out).transcribe(g["audio"], language="fr").token_ids == want(g, "fr-FR", 1120)
+
+
+# -- mlx-audio's layout, quantized (golden/quantized/nemotron35, make_quantized_nemotron35.py) -----
+QUANT = Path(__file__).parents[2] / "golden" / "quantized" / "nemotron35"
+
+
+def _mel_tokens(m, prompt: str, r: int) -> list[int]:
+    """Our greedy decode of NeMo's mel (mlx-audio's mel moves a near-tie last token)."""
+    from mlx_speech.models.nemotron_streaming.batch import greedy_decode
+
+    mel = mx.array(np.load(GOLDEN / "mel.npz")["mel"][None])
+    frames = m.model.project(m.model.encoder(mel, r), [m.resolve_language(prompt)[1]])
+    return greedy_decode(m.model, frames, m.model.make_decoder_state())[0][0]
+
+
+@pytest.mark.parametrize("name", ["q8", "q4"])
+def test_mlx_audio_quantized_layout_matches_mlx_audio(name):
+    import mlx.nn as nn
+
+    m = mlx_speech.load(QUANT / name)
+    assert isinstance(m, Nemotron35Streaming)
+    assert isinstance(m.model.prompt_projector.linear_1, nn.QuantizedLinear)
+    assert m.model.prompt_projector.linear_1.bits == int(name[1:])
+    gold = np.load(QUANT / "golden.npz")
+    special = {0, *m.language_tags}  # mlx-audio leaves <unk> and the tags out
+    for prompt in ("en-US", "de-DE", "auto"):
+        for r in (13, 0):
+            got = [t for t in _mel_tokens(m, prompt, r) if t not in special]
+            assert got == gold[f"{name}/tokens_{prompt}_r{r}"].tolist(), (prompt, r)
+
+
+def test_mlx_audio_q8_is_on_the_fly_q8():
+    """Quantizing the .nemo while loading gives exactly the tensors of mlx-audio's q8 file
+    (its LSTM stores bias_ih + bias_hh as one vector: compared in that form)."""
+    from mlx.utils import tree_flatten
+
+    theirs = dict(tree_flatten(mlx_speech.load(QUANT / "q8").model.parameters()))
+    ours = load(GOLDEN / "tiny.nemo", quantize=8, group_size=32).model
+    lstm = ours.decoder.lstm
+    for i in range(ours.config.num_decoder_layers):
+        b = getattr(lstm, f"bias_ih_l{i}") + getattr(lstm, f"bias_hh_l{i}")
+        setattr(lstm, f"bias_ih_l{i}", b)
+        setattr(lstm, f"bias_hh_l{i}", mx.zeros_like(b))
+    ours = dict(tree_flatten(ours.parameters()))
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        assert ours[k].dtype == theirs[k].dtype and mx.array_equal(ours[k], theirs[k]).item(), k
+
+
+def test_mlx_audio_layout_converts_to_ours(tmp_path, g):
+    import json
+
+    from mlx_speech.convert import convert
+
+    (out,) = convert(QUANT / "q8", tmp_path / "q8", progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "nemotron3_5_asr" and cfg["prompt_dictionary"]["auto"] == 101
+    a, b = mlx_speech.load(out), mlx_speech.load(QUANT / "q8")
+    for p in ("de-DE", "auto"):
+        assert a.transcribe(g["audio"], language=p).token_ids == \
+            b.transcribe(g["audio"], language=p).token_ids
