@@ -413,3 +413,36 @@ def test_mlx_audio_layout_converts_to_ours(tmp_path, g):
     for p in ("de-DE", "auto"):
         assert a.transcribe(g["audio"], language=p).token_ids == \
             b.transcribe(g["audio"], language=p).token_ids
+
+
+# -- reference (needs torch + transformers >= 5.13, with Nemotron 3.5) ------------------------
+
+@pytest.mark.reference
+def test_fresh_audio_against_transformers(models):
+    torch = pytest.importorskip("torch")
+    tr = pytest.importorskip("transformers")
+    ref_cls = getattr(tr, "Nemotron3_5AsrForRNNT", None)
+    if ref_cls is None:
+        pytest.skip("this transformers has no Nemotron 3.5")
+    from tests.conftest import speechlike
+
+    ref = ref_cls.from_pretrained(str(GOLDEN / "hf")).eval()
+    nm = models["hf"]
+    ref.generation_config.decoder_start_token_id = nm.config.blank_id
+    ref.generation_config.pad_token_id = nm.config.blank_id
+    fe = tr.NemotronAsrStreamingFeatureExtractor(feature_size=nm.config.encoder.num_mel_bins)
+    audio = speechlike(2.7, seed=11)
+    f = fe(audio, sampling_rate=16000, return_tensors="pt")
+    for ms, r in MODES.items():
+        for prompt in ("en-US", "de", "auto"):
+            slot = nm.resolve_language(prompt)[1]
+            with torch.no_grad():
+                seq = ref.generate(input_features=f.input_features,
+                                   attention_mask=f.attention_mask, num_lookahead_tokens=r,
+                                   prompt_ids=torch.tensor([slot]), max_new_tokens=2000)
+            want_ids = [t for t in seq.sequences[0].tolist() if t != nm.config.blank_id]
+            s = nm.session(ms, language=prompt)
+            for c in _chunks(audio, [1111]):
+                s.feed(c)
+            s.finish()
+            assert s.token_ids == want_ids, (ms, prompt)
