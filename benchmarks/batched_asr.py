@@ -3,7 +3,7 @@
     python benchmarks/batched_asr.py [--model voxtral|nemotron|nemotron35|both]
         [--config tiny|full-narrow|full] [--sizes 1,2,4,8,16,32] [--steps N] [--warmup N]
         [--dtype float32|bfloat16] [--latency-ms 80|160|320|560|1120] [--long-ticks N]
-        [--long-size B]
+        [--long-size B] [--blank-bias 4.5]
 
 Writes the random checkpoints of benchmarks/voxtral_realtime.py and
 benchmarks/nemotron_streaming.py (`full-narrow`: the real widths with 2 layers)
@@ -192,10 +192,10 @@ LANGUAGES = ["auto", "en-US", "de-DE", "fr-FR", "es-ES", "ja-JP", "hi-IN", "pt-B
 
 def bench_nemotron(folder: Path, config: str, dtype: mx.Dtype, sizes: list[int], steps: int,
                    warmup: int, latency_ms: int, long_ticks: int, long_size: int,
-                   prompted: bool = False) -> None:
+                   prompted: bool = False, blank_bias: float = 4.5) -> None:
     from mlx_speech.models.nemotron_streaming import load
 
-    nb.write_random_checkpoint(folder, config, None, blank_bias=4.5, prompted=prompted)
+    nb.write_random_checkpoint(folder, config, None, blank_bias=blank_bias, prompted=prompted)
     nm = load(folder, dtype=dtype)
     frame = (nm.config.latencies()[latency_ms] + 1) * vb.TOKEN_SAMPLES
     kept: list = []
@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--long-ticks", type=int, default=0,
                     help="also time --long-size streams over this many ticks (a long stream)")
     ap.add_argument("--long-size", type=int, default=1, help="streams in the long run")
+    ap.add_argument("--blank-bias", type=float, default=4.5,
+                    help="Nemotron's random joint: the blank logit's bias (random frames are "
+                         "alike, so a stream emits max_symbols tokens per frame or none; 8: "
+                         "none, the encoder and one joint call per tick)")
     args = ap.parse_args(argv)
     if args.latency_ms not in nb.LATENCY_MS and args.model in ("nemotron", "both"):
         ap.error(f"--latency-ms {args.latency_ms} is a Nemotron 3.5 mode (--model nemotron35)")
@@ -248,11 +252,12 @@ def main(argv: list[str] | None = None) -> None:
                           args.long_ticks, args.long_size)
         if args.model in ("nemotron", "both"):
             bench_nemotron(Path(tmp) / "nm", args.config, dtype, sizes, args.steps,
-                           args.warmup, args.latency_ms, args.long_ticks, args.long_size)
+                           args.warmup, args.latency_ms, args.long_ticks, args.long_size,
+                           blank_bias=args.blank_bias)
         if args.model == "nemotron35":
             bench_nemotron(Path(tmp) / "nm35", args.config, dtype, sizes, args.steps,
                            args.warmup, args.latency_ms, args.long_ticks, args.long_size,
-                           prompted=True)
+                           prompted=True, blank_bias=args.blank_bias)
 
 
 if __name__ == "__main__":
