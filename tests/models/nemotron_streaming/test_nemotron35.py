@@ -165,6 +165,19 @@ def test_auto_detects_and_tags_never_reach_text(nm, g):
     assert b"<" not in b"".join(nm.tokenizer.token_bytes(t) for t in r.token_ids)
 
 
+def test_logprobs_and_phrase_boosting_with_languages(nm, g):
+    from mlx_speech.models.asr import logprob_items
+
+    plain = nm.transcribe(g["audio"], language="auto")
+    r = nm.transcribe(g["audio"], language="auto", logprobs=True, hotwords="Morgen", boost=0.0)
+    assert r.token_ids == plain.token_ids and len(r.logprobs) == len(r.token_ids)
+    assert all(lp <= 0 for lp in r.logprobs)
+    items = logprob_items(nm.tokenizer, zip(r.token_ids, r.logprobs, strict=True))
+    assert "".join(i["token"] for i in items).strip() == r.text.strip()  # no tag
+    boosted = nm.transcribe(g["audio"], language="de", hotwords="Morgen, Bonjour", boost=5.0)
+    assert boosted.token_ids != want(g, "de-DE", 1120) and "<" not in boosted.text
+
+
 def test_drained_transcripts_keep_the_language(nm, g):
     s = nm.session(80, language="auto")
     parts = []
