@@ -11,11 +11,11 @@ load) and the family's loader.
 
 from __future__ import annotations
 
+from ..base import Latency
 from . import NemotronStreaming, check_options, load, weight_patterns
 from .languages import release_prompts
 
-__all__ = ["LATENCY_MS", "Nemotron35Streaming", "check_latency_ms", "check_options", "load",
-           "weight_patterns"]
+__all__ = ["LATENCY_MS", "Nemotron35Streaming", "check_options", "load", "weight_patterns"]
 
 # streaming latency -> right context (frames): the seed model's modes and 320 ms (r = 3)
 LATENCY_MS = {1120: 13, 560: 6, 320: 3, 160: 1, 80: 0}
@@ -26,14 +26,8 @@ class Nemotron35Streaming(NemotronStreaming):
     release's, for checks before a load); sessions and `transcribe` take `language=`."""
 
     name = "Nemotron 3.5 streaming speech-to-text"
+    # the seed model's modes and 320 ms (a checkpoint may support fewer: its sessions say)
+    latency = Latency("Nemotron 3.5's latency", 1120, {"minimal": 80, "low": 160, "medium": 560,
+                                                       "high": 1120, "xhigh": 1120},
+                      choices_ms=tuple(sorted(LATENCY_MS)))
     languages = tuple(sorted(release_prompts(), key=str.lower))
-
-
-def check_latency_ms(latency_ms: int) -> None:
-    """Raise unless `latency_ms` is one of Nemotron 3.5's latency modes (80, 160, 320, 560,
-    1120); callers check before loading a model (a checkpoint may support fewer)."""
-    from ...errors import MlxSpeechError
-
-    if latency_ms not in LATENCY_MS:
-        known = ", ".join(str(k) for k in sorted(LATENCY_MS))
-        raise MlxSpeechError(f"Nemotron 3.5's latency is one of {known} ms, got {latency_ms}")

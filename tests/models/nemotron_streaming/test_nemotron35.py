@@ -282,16 +282,17 @@ def test_processor_config_missing_falls_back_to_the_release_dictionary(tmp_path,
 # -- loading, latency, layouts --------------------------------------------------------------
 
 def test_registry_and_latency_modes(nm, nemo_file):
-    from mlx_speech.models.nemotron_streaming import multilingual
-    from mlx_speech.registry import archive_type, kind_of
+    from mlx_speech.registry import archive_type, family, kind_of
 
     assert archive_type(GOLDEN / "tiny.nemo") == "nemotron3_5_asr"
     assert archive_type(nemo_file) == "nemotron_asr_streaming"  # the English seed's .nemo
     assert kind_of("nemotron3_5_asr") == "asr" and nm.name.startswith("Nemotron 3.5")
+    assert family("nemotron3_5_asr") is Nemotron35Streaming and nm.family == "nemotron_streaming"
+    assert family("nemotron_asr") is Nemotron35Streaming  # mlx-audio's layout
     assert nm.session(320).latency_ms == 320 and nm.session().latency_ms == 1120
-    multilingual.check_latency_ms(320)
+    assert nm.latency.check(320) == 320 and nm.latency.values() == (80, 160, 320, 560, 1120)
     with pytest.raises(MlxSpeechError, match="80, 160, 320, 560, 1120 ms, got 480"):
-        multilingual.check_latency_ms(480)
+        family("nemotron3_5_asr").latency.check(480)
     with pytest.raises(MlxSpeechError, match="one of 80, 160, 560, 1120 ms, got 320"):
         load(SEED).session(320)
 
