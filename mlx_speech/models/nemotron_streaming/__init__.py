@@ -1,4 +1,5 @@
-"""NVIDIA Nemotron speech streaming (en 0.6b): cache-aware FastConformer + RNN-T."""
+"""NVIDIA Nemotron speech streaming: cache-aware FastConformer + RNN-T (en 0.6b; Nemotron 3.5,
+multilingual with a language prompt, is the same model plus `prompt.py`: see multilingual.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ...errors import CheckpointError
+from ...errors import CheckpointError, MlxSpeechError
+from ...hub import read_json
 from ...nn import quant
 from ...text.context_graph import GraphCache
 from ...text.spm import SentencePieceDecoder
 from ...text.vocabulary import Vocabulary
 from ..asr import StreamingASR, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
-from ..loading import fill, read_config, read_weights, weight_files
+from ..loading import fill, read_weights, weight_files
+from ..nemo.checkpoint import read_archive
 from ..nemo.features import NemoLogMel
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
-from .nemo import hf_config, read_nemo
+from .languages import Languages, check_language
+from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
+from .nemo import read_nemo
 from .session import Session, Transcript
 from .transducer import Model
 from .weights import is_nemo_mlx, remap, remap_nemo_mlx
@@ -29,7 +34,9 @@ __all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word",
            "keep_high_precision", "load", "weight_patterns"]
 
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
-            "tokenizer.json", "tokenizer.model"]
+            "tokenizer.json", "tokenizer.model", "processor_config.json"]
+MODEL_TYPES = ("nemotron_asr_streaming", "nemotron3_5_asr")  # English seed; Nemotron 3.5
+# (and mlx-audio's `nemotron_asr` layout of either, read through layouts.py)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
@@ -49,9 +56,10 @@ class NemotronStreaming(StreamingASR):
     latency = Latency("Nemotron's latency", 1120, {"minimal": 80, "low": 160, "medium": 560,
                                                    "high": 1120, "xhigh": 1120},
                       choices_ms=tuple(sorted(LATENCY_MS)))
+    languages: tuple[str, ...] | None = None  # what `language=` takes; None: none (English)
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
-                 config: NemotronStreamingConfig):
+                 config: NemotronStreamingConfig, language: str | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.features = NemoLogMel(config.encoder.num_mel_bins)
@@ -59,6 +67,28 @@ class NemotronStreaming(StreamingASR):
         if default in self.latency.choices_ms:
             self.latency = replace(self.latency, default_ms=default)
         self._calls = 0  # batched encoder calls, for periodic mx.clear_cache
+        self.languages_info: Languages | None = None
+        self.language_tags: dict[int, str] = {}  # token id -> the locale of its tag
+        if config.num_prompts:
+            info = Languages.build(config.prompts, config.default_prompt,
+                                   [p for p, _ in tokenizer.pieces])
+            tokenizer.hide(info.tags)  # tags stay in token_ids, never in text
+            if language is not None:  # the load's default language for sessions
+                info = Languages(info.prompts, info.resolve(language)[0], info.tags)
+            self.languages_info, self.language_tags = info, info.tags
+            self.languages = info.names
+        elif language is not None:
+            self.resolve_language(language)
+
+    def resolve_language(self, language: str | None) -> tuple[str | None, int | None]:
+        """A session's `language` -> (the checkpoint's name for it, its prompt slot); None:
+        the model's default. (None, None) for a model without languages, which refuses any."""
+        if self.languages_info is None:
+            if language is None:
+                return None, None
+            raise MlxSpeechError(f"this {self.name} model is English only and takes no "
+                                 f"language (got {language!r})")
+        return self.languages_info.resolve(language)
 
     @property
     def sample_rate(self) -> int:
@@ -68,18 +98,21 @@ class NemotronStreaming(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float | None = None, logprobs: bool = False, *,
-                vocabulary: Vocabulary | None = None) -> Session:
+                boost: float | None = None, logprobs: bool = False,
+                language: str | None = None, *, vocabulary: Vocabulary | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
-        `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
+        `latency_ms` is one of 80, 160, 560, 1120 (Nemotron 3.5 also 320; None: the model's
+        default, 1120). `language` (Nemotron 3.5): a name of `languages` (`de-DE`, `de`, ...;
+        case and `_` do not matter) or `auto` (the model detects it: `result().language`); None:
+        the model's default (`auto` in the release).
         `vocabulary`: phrases to boost and their weight (NeMo's GPU-PB word boosting in
         greedy decoding); `hotwords` (a list, or one comma-separated string) and `boost`
         (default 1; 0: off) build one here instead. `logprobs`: keep each token's
         log-probability (`result().logprobs`, `lp.take()`).
         """
         return Session(self, latency_ms, session_vocabulary(vocabulary, hotwords, boost),
-                       logprobs)
+                       logprobs, language)
 
     def booster(self, vocabulary: Vocabulary | None):
         """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
@@ -105,13 +138,15 @@ class NemotronStreaming(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float | None = None, logprobs: bool = False, *,
+                   hotwords=None, boost: float | None = None, logprobs: bool = False,
+                   language: str | None = None, *,
                    vocabulary: Vocabulary | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
-        The same tokens as a live session in the same latency mode, any chunking.
+        The same tokens as a live session in the same latency mode and language, any chunking.
         """
-        session = self.session(latency_ms, hotwords, boost, logprobs, vocabulary=vocabulary)
+        session = self.session(latency_ms, hotwords, boost, logprobs, language,
+                               vocabulary=vocabulary)
         return transcribe_with(session, audio, sample_rate, progress)
 
 
@@ -129,6 +164,36 @@ def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
+def check_options(configs: Path, language: str | None = None, **_) -> None:
+    """`language` against the checkpoint's languages, from its configs alone (a `.nemo`'s
+    model_config.yaml; a folder's config.json and processor_config.json): a one-line error
+    before any weights are read or downloaded."""
+    if language is None:
+        return
+    configs = Path(configs)
+    if configs.is_file():
+        c = nemo_config_json(read_archive(configs, False, False)[0])
+    elif (configs / "config.json").exists():
+        c = folder_config(configs)
+    else:
+        return  # no config yet: load() reports it
+    check_language(c, language)
+
+
+def folder_config(folder: Path) -> dict:
+    """A folder's config.json as ours: mlx-audio's `nemotron_asr` layout translated, a
+    transformers Nemotron 3.5's languages joined from processor_config.json."""
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder} has no config.json")
+    c = read_json(folder / "config.json")
+    if c.get("model_type") == "nemotron_asr":  # mlx-audio: NeMo sections, NeMo-named weights
+        c = mlx_audio_config_json(c)
+    if c.get("model_type") not in MODEL_TYPES:
+        raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
+                              "not nemotron_asr_streaming")
+    return with_folder_prompts(folder, c)
+
+
 def keep_high_precision(path: str, module) -> bool:
     """What on-the-fly quantization leaves in full precision besides the convolutions, the
     LSTM and the norms (which are not Linear layers): the 1x1 convolutions that this port runs
@@ -140,22 +205,25 @@ def keep_high_precision(path: str, module) -> bool:
 
 
 def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
-         group_size: int = 64) -> NemotronStreaming:
+         group_size: int = 64, language: str | None = None) -> NemotronStreaming:
     """Load strictly (every key mapped, none missing), lazily (weights memory-mapped).
 
     `path` is a transformers-layout folder (config.json, model*.safetensors,
-    tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive. Quantized Linears /
-    embeddings in the file load as they are; `quantize` (4, 6 or 8 bits, group `group_size`)
-    quantizes a full-precision checkpoint on the fly, keeping `keep_high_precision`.
+    tokenizer.json or tokenizer.model; Nemotron 3.5 also processor_config.json, its languages)
+    or a NeMo `.nemo` archive. Quantized Linears / embeddings in the file load as they are;
+    `quantize` (4, 6 or 8 bits, group `group_size`) quantizes a full-precision checkpoint on
+    the fly, keeping `keep_high_precision`. `language`: the sessions' default language
+    (Nemotron 3.5), checked against the checkpoint's languages before any weights are read.
     """
     path = Path(path)
     converted = False
+    check_options(path, language)  # before any weights are read
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
-        c = hf_config(nemo_config)
+        c = nemo_config_json(nemo_config)
         tokenizer = SentencePieceDecoder.from_model_bytes(tok)
     else:
-        c = read_config(path, "nemotron_asr_streaming")
+        c = folder_config(path)
         files = weight_files(path)
         tokenizer = _read_tokenizer(path)
         weights, converted = read_weights(files)
@@ -166,4 +234,8 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
          remap=remap_nemo_mlx if nemo_mlx else remap, dtype=dtype, quantize=quantize,
          group_size=group_size, keep=keep_high_precision,
          declared=quant.declared(c) if nemo_mlx else None)
-    return NemotronStreaming(model, tokenizer, config)
+    if config.num_prompts:
+        from .multilingual import Nemotron35Streaming
+
+        return Nemotron35Streaming(model, tokenizer, config, language)
+    return NemotronStreaming(model, tokenizer, config, language)
