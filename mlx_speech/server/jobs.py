@@ -9,9 +9,10 @@ the order of their `phase` (turn streams first: they open, feed and end the tran
 streams the same tick then steps). Results go back through each job's `sink` (thread-safe:
 the server's hands them to the event loop); a failed job gets ("error", code, message).
 
-The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex), `SpeechJob` and
-`Steps` (work advanced one step per tick); `TurnStream` (server/turns.py). A new kind is one
-class: its events, `start` if it needs a session, and `step_many`.
+The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex) and `Steps` (work
+advanced one step per tick); `TurnStream` (server/turns.py), `SpeechJob` (server/speech.py: the
+speech of one TTS model, a frame per tick, batched). A new kind is one class: its events,
+`start` if it needs a session, and `step_many`.
 """
 
 from __future__ import annotations
@@ -307,11 +308,3 @@ class Steps(Job):
             self.fail("processing_error", str(e))
             return
         self.emit(self.event(value))
-
-
-class SpeechJob(Steps):
-    """A text-to-speech request: `make()` returns an iterator of Audio chunks, advanced one
-    chunk per tick; ("audio", samples) events, then ("done",) or ("error", code, message)."""
-
-    def event(self, chunk) -> Event:
-        return ("audio", chunk.samples)
