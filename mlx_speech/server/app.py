@@ -360,8 +360,10 @@ def create_app(served: Served) -> FastAPI:
     from .kyutai import add_routes as add_kyutai
     from .page import add_routes as add_page
     from .realtime import add_routes as add_realtime
+    from .speech_stream import add_routes as add_speech_stream
 
     add_realtime(app, served)
+    add_speech_stream(app, served)
     add_kyutai(app, served)
     add_page(app)
     app.add_middleware(Limits, max_sessions=served.max_sessions
