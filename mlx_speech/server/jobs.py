@@ -73,6 +73,25 @@ class Input:
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
+def batched_calls(engine, items: list, call: Callable[[list], list], what: str,
+                  job_of: Callable | None = None, count: bool = True) -> Iterator[tuple]:
+    """Each of `engine.batches(items)` through one model `call`, counted in
+    `engine.batch_sizes` when `count`: yields (batch, its results). A call that raises fails
+    every job of its batch (`job_of(item)`, default the item itself) and is logged once."""
+    for b in engine.batches(items):
+        if count:
+            engine.batch_sizes[len(b)] += 1
+        try:
+            results = call(b)
+        except Exception as e:
+            log.exception("%s failed", what)
+            for item in b:
+                (item if job_of is None else job_of(item)).fail(
+                    "processing_error", f"model step failed: {e}")
+            continue
+        yield b, results
+
+
 class Job:
     """One client's work for one model. `closed`: the client is gone (dropped at the next
     tick); `finished`: done or failed (no more events)."""
@@ -173,27 +192,16 @@ class ModelStream(AudioJob):
             n = s.input.pending
             if n >= s.frame or (s.end_requested and n):
                 ready.append((s, s.input.take(min(n, cap))))
-        for b in engine.batches(ready):
-            engine.batch_sizes[len(b)] += 1
-            try:
-                results = model.feed_many([(s.session, x) for s, x in b])
-            except Exception as e:
-                log.exception("feed_many failed")
-                for s, _ in b:
-                    s.fail("processing_error", f"model step failed: {e}")
-                continue
+        for b, results in batched_calls(
+                engine, ready, lambda b: model.feed_many([(s.session, x) for s, x in b]),
+                "feed_many", job_of=lambda item: item[0]):
             for (s, _), r in zip(b, results, strict=True):
                 s.fed(r)
         ending = [s for s in jobs if s.end_requested and not s.input.pending
                   and not s.finished and not s.closed]
-        for b in engine.batches(ending):
-            try:
-                results = model.finish_many([s.session for s in b])
-            except Exception as e:
-                log.exception("finish_many failed")
-                for s in b:
-                    s.fail("processing_error", f"model step failed: {e}")
-                continue
+        for b, results in batched_calls(
+                engine, ending, lambda b: model.finish_many([s.session for s in b]),
+                "finish_many", count=False):
             for s, r in zip(b, results, strict=True):
                 s.finished = True
                 s.done(r)

@@ -18,16 +18,14 @@ starts there).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from .jobs import Job, Sink
+from .jobs import Job, Sink, batched_calls
 
-log = logging.getLogger("mlx_speech.server")
 NO_AUDIO = ("the model produced no audio (END on the first frame); try another seed or voice, "
             "or rephrase the text")
 
@@ -113,15 +111,9 @@ class SpeechJob(Job):
     def step_many(cls, engine, jobs: list[SpeechJob]) -> bool:
         model = jobs[0].model
         going = [j for j in jobs if j.session.ready and not j._waiting()]
-        for b in engine.batches(going):
-            engine.batch_sizes[len(b)] += 1
-            try:
-                out = model.step_many([j.session for j in b])
-            except Exception as e:
-                log.exception("speech step failed")
-                for j in b:
-                    j.fail("processing_error", f"model step failed: {e}")
-                continue
+        for b, out in batched_calls(engine, going,
+                                    lambda b: model.step_many([j.session for j in b]),
+                                    "speech step_many"):
             for j, a in zip(b, out, strict=True):
                 if a is not None:
                     j.emit(("audio", a.samples))

@@ -109,22 +109,21 @@ class SpeechStream:
                 "clause_words": self.clause_words, "max_frames": self.max_frames}
 
     async def writer(self) -> None:
+        """Sends what is queued, in order; after input_text.end, closes once all is said."""
         while True:
             tag, ev = await self.out.get()
-            if tag == "local":
-                await self.ws.send_text(json.dumps(ev))
-                continue
-            g = self.gens.get(tag)
-            if g is None:
-                continue
-            for out in await self.engine_event(g, ev):
+            for out in [ev] if tag == "local" else await self.engine_event(tag, ev):
                 await self.ws.send_text(json.dumps(out))
             if self.ending and not self.gens:
                 await self.ws.close()
                 return
 
-    async def engine_event(self, g: Generation, ev) -> list[dict]:
-        base = {"event_id": self.event_id(), "generation": g.n}
+    async def engine_event(self, n: int, ev) -> list[dict]:
+        """Generation n's engine event as the client's events."""
+        g = self.gens.get(n)
+        if g is None:
+            return []
+        base = {"event_id": self.event_id(), "generation": n}
         if ev[0] == "audio":
             if g.cancelled:
                 return []  # barge-in: what was made before the cancel is not sent
