@@ -105,7 +105,9 @@ class SpeechJob(Job):
 
     def _waiting(self) -> bool:
         a = self.after
-        return a is not None and not (a.finished or a.closed)
+        if a is not None and (a.finished or a.closed):
+            self.after = a = None  # no chain of a socket's old jobs is kept alive
+        return a is not None
 
     @classmethod
     def step_many(cls, engine, jobs: list[SpeechJob]) -> bool:

@@ -40,6 +40,7 @@ from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_
 from .speech import OpusChunks, SpeechJob
 from .validate import (
     MAX_GENERATION_CHARS,
+    MAX_MESSAGE_CHARS,
     MAX_PENDING_CHARS,
     Invalid,
     speech_stream_event,
@@ -83,6 +84,7 @@ class SpeechStream:
         self.last: SpeechJob | None = None  # the next generation speaks after it
         self.count = 0
         self.ending = False  # input_text.end: close after the last generation
+        self.active = time.monotonic()  # the last client event or audio sent (idle timeout)
         self.n_events = 0
 
     # -- out ---------------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class SpeechStream:
             tag, ev = await self.out.get()
             for out in [ev] if tag == "local" else await self.engine_event(tag, ev):
                 await self.ws.send_text(json.dumps(out))
+                if out["type"] == "speech.audio.delta":
+                    self.active = time.monotonic()
             if self.ending and not self.gens:
                 await self.ws.close()
                 return
@@ -187,53 +191,66 @@ class SpeechStream:
             await asyncio.sleep(0.01)
 
     async def read_loop(self, writer) -> None:
+        recv = None
+        try:
+            while not writer.done():  # the writer ends the socket after input_text.end
+                if recv is None:
+                    recv = asyncio.ensure_future(self.ws.receive())
+                idle = self.served.idle_timeout_s
+                left = idle - (time.monotonic() - self.active)
+                done, _ = await asyncio.wait({recv, writer}, timeout=max(left, 0.0),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if recv in done:
+                    msg, recv = recv.result(), None
+                    if not self.message(msg):
+                        return
+                elif writer not in done and time.monotonic() - self.active >= idle:
+                    self.error("idle_timeout", f"no client event and no audio for {idle:g} s; "
+                               "closing")
+                    return
+        finally:
+            if recv is not None:
+                recv.cancel()
+
+    def message(self, msg: dict) -> bool:
+        """One client message; False when the socket is to close."""
         from ..models.voxtral_tts import MAX_FRAMES
 
-        while not writer.done():  # the writer ends the socket after input_text.end
-            recv = asyncio.ensure_future(self.ws.receive())
-            done, _ = await asyncio.wait({recv, writer}, timeout=self.served.idle_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if recv not in done:
-                recv.cancel()
-                if writer in done:
-                    return
-                if self.gens:
-                    continue  # waiting on the model is never a timeout
-                self.error("idle_timeout", f"no client event for "
-                           f"{self.served.idle_timeout_s:g} s; closing")
-                return
-            msg = recv.result()
-            at = time.perf_counter()
-            if msg["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect(msg.get("code", 1000))
-            data = msg.get("text")
-            if data is None:
-                self.error("invalid_json", "send JSON text messages (binary is not read here)")
-                continue
-            try:
-                event = json.loads(data)
-                if not isinstance(event, dict):
-                    raise ValueError
-            except (ValueError, RecursionError):
-                self.error("invalid_json", "the message is not a JSON object")
-                continue
-            eid = event.get("event_id")
-            try:
-                known = speech_stream_event(event, MAX_FRAMES)
-            except Invalid as e:
-                self.error("invalid_value", str(e), e.param.lstrip(".") or None,
-                           eid if isinstance(eid, str) else None)
-                continue
-            if not known:
-                self.error("unknown_event", f"unknown event type {event['type']!r}", None, eid)
-                continue
-            try:
-                self.handle(event, at)
-            except Exception as e:  # a bug, not the client's: say so and keep the socket
-                log.exception("speech stream event %r failed", event.get("type"))
-                self.error("server_error", f"internal error ({type(e).__name__})", None, eid)
-            if self.ending and not self.gens:
-                return  # input_text.end with nothing left to say: closed after the queue
+        at = time.perf_counter()
+        self.active = time.monotonic()
+        if msg["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(msg.get("code", 1000))
+        data = msg.get("text")
+        if data is None:
+            self.error("invalid_json", "send JSON text messages (binary is not read here)")
+            return True
+        if len(data) > MAX_MESSAGE_CHARS:  # not parsed: no event here is this large
+            self.error("message_too_large", f"a message holds at most {MAX_MESSAGE_CHARS} "
+                       "characters (a delta at most 4096)")
+            return True
+        try:
+            event = json.loads(data)
+            if not isinstance(event, dict):
+                raise ValueError
+        except (ValueError, RecursionError):
+            self.error("invalid_json", "the message is not a JSON object")
+            return True
+        eid = event.get("event_id")
+        try:
+            known = speech_stream_event(event, MAX_FRAMES)
+        except Invalid as e:
+            self.error("invalid_value", str(e), e.param.lstrip(".") or None,
+                       eid if isinstance(eid, str) else None)
+            return True
+        if not known:
+            self.error("unknown_event", f"unknown event type {event['type']!r}", None, eid)
+            return True
+        try:
+            self.handle(event, at)
+        except Exception as e:  # a bug, not the client's: say so and keep the socket
+            log.exception("speech stream event %r failed", event.get("type"))
+            self.error("server_error", f"internal error ({type(e).__name__})", None, eid)
+        return not (self.ending and not self.gens)  # input_text.end, nothing left to say
 
     def handle(self, event: dict, at: float) -> None:
         t, eid = event["type"], event.get("event_id")

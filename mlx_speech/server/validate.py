@@ -216,6 +216,7 @@ MAX_DELTA_CHARS = 4096  # one input_text.append
 MAX_GENERATION_CHARS = 65536  # one generation's text (appends up to its flush)
 MAX_PENDING_CHARS = 16384  # text given and not started yet: past it, an append is refused
 MAX_CLAUSE_WORDS = 400
+MAX_MESSAGE_CHARS = 1 << 16  # a whole message (a delta's 4096 characters, JSON-escaped, fit)
 SPEECH_STREAM_FORMATS = ("pcm", "opus")
 
 

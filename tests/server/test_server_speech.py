@@ -362,6 +362,7 @@ def test_refusals(srv, monkeypatch):
              "invalid_value", "session.voice"),
             (json.dumps({"type": "session.update", "session": {"model": "other"}}),
              "model_not_found", "session.model"),
+            ("x" * 70000, "message_too_large", None),
         ]
         for msg, code, param in checks:
             await ws.send(msg)
@@ -426,3 +427,27 @@ def test_rest_reports_its_time_to_first_audio(srv):
     r = httpx.post(srv.base + "/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"},
                    json={"input": "...", "response_format": "pcm"}, timeout=DEADLINE_S)
     assert r.status_code == 400 and "no letters or digits" in r.json()["error"]["message"]
+
+
+def test_idle_timeout_counts_audio_not_open_generations(tts, monkeypatch):
+    """A socket speaking for longer than --idle-timeout-s (each frame made slow here) is not
+    idle; one whose generation waits for text that never comes is closed, with its reason."""
+    real = tts.step_many
+    monkeypatch.setattr(tts, "step_many", lambda ss: (time.sleep(0.01), real(ss))[1])
+    with ServerThread({"tts": tts}, idle_timeout_s=0.5) as s:
+        async def go():
+            ws = await _connect(s, {"x-nothing": "1"})
+            await ws.send(json.dumps({"type": "session.update", "session": {"max_frames": 30}}))
+            await _until(ws, "session.updated")
+            await ws.send(json.dumps({"type": "input_text.append", "text": "Hi. Hi. Hi."}))
+            await ws.send(json.dumps({"type": "input_text.flush"}))
+            _, done = await _until(ws, "speech.audio.done")  # 90 frames: over 0.9 s
+            await ws.send(json.dumps({"type": "input_text.append", "text": "No end"}))
+            _, err = await _until(ws, "error")
+            _error(err, "idle_timeout")
+            with pytest.raises(websockets.ConnectionClosed):
+                await ws.recv()
+            return done
+
+        done = run(go())
+        assert done["usage"]["frames"] == 90 and not done["cancelled"]
