@@ -17,7 +17,10 @@ its cap), serves it in this process on loopback, and for each B runs B clients a
   first audio byte (client), and the `x-time-to-first-audio-ms` header (server);
 * the engine's frame step at B (ms per batched `step_many` of B voices, measured apart with
   the codec) and each first-audio time in those steps: the first chunk is 4 frames, so a
-  sentence end costs its prompt's prefill plus about 4 steps.
+  sentence end costs its prompt's prefill plus about 4 steps;
+* throughput: audio seconds per wall second that B voices speaking at once receive, batched and
+  with a second server that steps them one at a time (`--no-batch`, what the server did before
+  speech jobs were batched).
 
 Numbers only, no assertions; medians over --rounds. `--config full` has Voxtral-4B-TTS's real
 shapes (about 4 B parameters: a GPU).
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import statistics
@@ -52,6 +56,7 @@ SENTENCE = ["Hello", " there,", " this", " is", " a", " test", " of", " the", " 
 DEADLINE_S = 600.0  # on each measurement (never hit when things work)
 LONG = "Keep talking while the others start, with a sentence that goes on and on. " * 8
 WORD_GAP_S = 0.02  # between deltas: an LLM writing 50 tokens a second
+THROUGHPUT_S = 3.0
 
 
 async def _session(ws, seed: int, max_frames: int | None = None) -> None:
@@ -146,6 +151,40 @@ async def ws_join(srv, B: int) -> tuple[float, float]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def throughput(srv, B: int) -> float:
+    """Audio seconds the sockets of B voices speaking at once receive per wall second (all
+    voices together), over THROUGHPUT_S once every voice has its first audio."""
+    import websockets
+
+    started, got, stop, counting = [], [0] * B, asyncio.Event(), [False]
+
+    async def voice(i):
+        async with websockets.connect(srv.ws + PATH, max_size=None) as ws:
+            await _session(ws, 200 + i, max_frames=2048)
+            await ws.send(json.dumps({"type": "input_text.append", "text": LONG}))
+            await _first_delta(ws)
+            started.append(i)
+            while not stop.is_set():
+                try:
+                    ev = json.loads(await asyncio.wait_for(ws.recv(), 0.1))
+                except asyncio.TimeoutError:
+                    continue
+                if ev["type"] == "speech.audio.delta" and counting[0]:
+                    got[i] += len(base64.b64decode(ev["audio"])) // 2
+            await ws.send(json.dumps({"type": "speech.cancel"}))
+
+    tasks = [asyncio.create_task(voice(i)) for i in range(B)]
+    try:
+        await _until(B, started, tasks)
+        counting[0] = True
+        await asyncio.sleep(THROUGHPUT_S)
+        counting[0] = False
+        return sum(got) / 24000 / THROUGHPUT_S
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def rest_burst(srv, B: int) -> list[tuple[float, float]]:
     import httpx
 
@@ -188,7 +227,8 @@ def main() -> None:
     args = ap.parse_args()
     dtype = tb.DTYPES[args.dtype or ("bfloat16" if args.config == "full" else "float32")]
     batches = [int(b) for b in args.batches.split(",")]
-    rows: dict[int, dict[str, list]] = {B: {"burst": [], "join": [], "rest": [], "step": []}
+    rows: dict[int, dict[str, list]] = {B: {k: [] for k in ("burst", "join", "rest", "step",
+                                                           "tput", "tput1")}
                                         for B in batches}
     with tempfile.TemporaryDirectory() as d:
         tts = tb.build(tb.CONFIGS[args.config], Path(d), dtype)
@@ -200,6 +240,11 @@ def main() -> None:
                     r["burst"].append(_stats(_run(ws_burst(srv, B))))
                     r["join"].append(_run(ws_join(srv, B)))
                     r["rest"].append(_stats(_run(rest_burst(srv, B))))
+                    r["tput"].append(_run(throughput(srv, B)))
+        with ServerThread({"v": tts}, max_sessions=256, max_per_ip=256, batch=False) as srv:
+            for _ in range(args.rounds):  # the same server stepping voices one at a time
+                for B in batches:
+                    rows[B]["tput1"].append(_run(throughput(srv, B)))
         for B in batches:  # the engine's batched frame, measured apart (the server is gone)
             rows[B]["step"] = [tb.frame_ms(tts, B, 32, codec=True)[0]
                                for _ in range(args.rounds)]
@@ -224,6 +269,13 @@ def main() -> None:
         print(f"{B:>3} | {step:7.2f} | {bc:20.1f}{bx:7.1f}{bs:11.1f}{bc / step:6.1f} | "
               f"{jc:15.1f}{js:7.1f}{jc / step:6.1f} | {rc:16.1f}{rx:7.1f}{rs:11.1f}"
               f"{rc / step:6.1f}")
+    print("audio seconds made per wall second by B voices at once, through their sockets: "
+          "batched (one step_many a frame) and --no-batch (one voice a call, as before)")
+    print(f"{'B':>3} | {'batched':>8}{'per voice':>10} | {'one by one':>10}{'per voice':>10} | "
+          f"{'ratio':>6}")
+    for B in batches:
+        a, b = med(rows[B]["tput"]), med(rows[B]["tput1"])
+        print(f"{B:>3} | {a:8.2f}{a / B:10.2f} | {b:10.2f}{b / B:10.2f} | {a / b:6.2f}")
 
 
 if __name__ == "__main__":
