@@ -95,14 +95,10 @@ class SpeechStream:
         self.n_events += 1
         return f"event_{self.n_events}"
 
-    def error(self, code: str, message: str, param: str | None = None, eid=None,
-              generation: int | None = None) -> None:
-        ev = {"type": "error", "event_id": self.event_id(), "error": {
+    def error(self, code: str, message: str, param: str | None = None, eid=None) -> None:
+        self.send({"type": "error", "event_id": self.event_id(), "error": {
             "type": "invalid_request_error", "code": code, "message": message, "param": param,
-            "event_id": eid}}
-        if generation is not None:
-            ev["generation"] = generation
-        self.send(ev)
+            "event_id": eid}})
 
     def session_object(self) -> dict:
         sr = self.model.sample_rate if self.model is not None else None
@@ -152,12 +148,12 @@ class SpeechStream:
             out.append({"type": "speech.audio.delta", **base,
                         "audio": base64.b64encode(tail).decode()})
         info = ev[1]
+        seconds = g.samples / g.job.model.sample_rate
         out.append({"type": "speech.audio.done", **base, "event_id": self.event_id(),
                     "cancelled": g.cancelled or info["cancelled"], "seed": g.seed,
                     "ttfa_ms": g.ttfa_ms,
                     "usage": {"characters": g.chars, "segments": info["segments"],
-                              "frames": info["frames"],
-                              "audio_seconds": round(g.samples / self.model.sample_rate, 3)}})
+                              "frames": info["frames"], "audio_seconds": round(seconds, 3)}})
         return out
 
     # -- in ----------------------------------------------------------------------------------
@@ -284,7 +280,7 @@ class SpeechStream:
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), "session.model", eid)
                 return
-        voice = session.get("voice", self.voice)
+        voice = session.get("voice", self.voice) or None  # "" or null: the model's default
         if voice is not None and (model is None or voice not in model.voices):
             known = ", ".join(model.voices) if model is not None else "none"
             self.error("invalid_value", f"unknown voice {voice!r}; voices: {known}",
