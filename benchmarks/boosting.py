@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlx_speech.nn import boost  # noqa: E402
+from mlx_speech.nn import boost, sampling  # noqa: E402
 from mlx_speech.text.context_graph import Booster, ContextGraph  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def op_cost(vocab: int, peer, peer_name: str, rng, n_steps: int = 40) -> None:
 
         def step(walk=walk, toks=toks, k=k):
             b = boost.bias([walk], vocab) if walk is not None else None
-            out = boost.greedy(logits, b)
+            out = sampling.greedy(logits, b)
             mx.eval(out)
             if walk is not None:
                 walk.advance(int(toks[k[0] % n_steps]))

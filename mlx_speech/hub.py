@@ -6,8 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import mlx.core as mx
-
 from .errors import CheckpointError
 
 # the configs read before any weights (processor_config.json: where transformers keeps e.g.
@@ -175,39 +173,3 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, c
             log(f"downloading {human_size(size)} ({files} files) from {repo} to the Hugging "
                 "Face cache")
     return _download(repo, patterns, tqdm_class)
-
-
-def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config):
-    """(config, weight files) of a Mistral-native folder (`params.json` +
-    `consolidated*.safetensors`), else of a `config.json` + `model*.safetensors`
-    folder whose `model_type` must be `model_type`. A converted folder keeps its
-    source's config file; its weights file is the one its manifest names."""
-    from .converted import weight_files
-
-    converted = weight_files(folder)
-    if (folder / "params.json").exists():
-        cfg = from_params(read_json(folder / "params.json"))
-        files = converted or sorted(folder.glob("consolidated*.safetensors"))
-    elif (folder / "config.json").exists():
-        c = read_json(folder / "config.json")
-        if c.get("model_type") != model_type:
-            raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
-                                  f"not {model_type}")
-        cfg = from_config(c)
-        files = converted or sorted(folder.glob("model*.safetensors"))
-    else:
-        raise CheckpointError(f"{folder} has neither params.json nor config.json")
-    if not files:
-        raise CheckpointError(f"no safetensors weights in {folder}")
-    return cfg, files
-
-
-def load_safetensors(files: list[Path]) -> dict[str, mx.array]:
-    """Memory-mapped, lazy: tensors are read when the model evaluates them."""
-    out: dict[str, mx.array] = {}
-    for f in files:
-        try:
-            out.update(mx.load(str(f)))
-        except (RuntimeError, ValueError, OSError) as e:
-            raise CheckpointError(f"cannot read weights {f}: {str(e).splitlines()[0]}") from None
-    return out

@@ -1,4 +1,5 @@
-"""What the ASR models share: results, offline-as-streaming, strict weight loading."""
+"""What the ASR families share at run time: results, words, phrase boosting from a vocabulary,
+token logprobs, batched feeding, offline-as-streaming. (Loading is `models/loading.py`'s.)"""
 
 from __future__ import annotations
 
@@ -6,14 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from ..audio.io import check_audio, load_audio
-from ..errors import CheckpointError, MlxSpeechError
-from ..nn import quant
-from ..text.context_graph import DEFAULT_BOOST  # noqa: F401 (re-exported to the models)
+from ..errors import MlxSpeechError
+from ..text.context_graph import Booster, ContextGraph, GraphCache
+from ..text.vocabulary import Vocabulary
+from .base import check_sessions, checked_pairs
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
 CLEAR_CACHE_EVERY = 256  # batched steps between mx.clear_cache calls (every streaming model)
@@ -90,27 +90,38 @@ def group_words(items) -> list[Word]:
     return words
 
 
-def make_booster(owner, hotwords, boost: float, vocab: int,
+def session_vocabulary(vocabulary: Vocabulary | None, hotwords=None,
+                       boost: float | None = None) -> Vocabulary | None:
+    """What a session boosts: `vocabulary` (parsed once at the caller's edge), or the Python
+    API's `hotwords=` / `boost=`, parsed here (`Vocabulary.parse`: one-line errors); not both."""
+    if vocabulary is None:
+        return Vocabulary.parse(hotwords, boost)
+    if hotwords is not None or boost is not None:
+        raise MlxSpeechError("give vocabulary= or hotwords= / boost=, not both")
+    if not isinstance(vocabulary, Vocabulary):
+        raise MlxSpeechError("vocabulary must be a mlx_speech.text.vocabulary.Vocabulary "
+                             "(or pass hotwords=)")
+    return vocabulary
+
+
+def make_booster(graphs: GraphCache, vocabulary: Vocabulary | None, vocab: int,
                  tokenizations: Callable[[str], list[list[int]]],
-                 transparent: Callable[[int], bool] | None = None):
-    """A session's phrase-boosting walk (None: no phrases or boost 0). The graph of a phrase
-    list is built once per model (`owner._graphs`) and shared by its sessions."""
-    from ..text import context_graph as cg
-
-    phrases, alpha = cg.parse_hotwords(hotwords), cg.check_boost(boost)
-    if not phrases or alpha == 0:
+                 transparent: Callable[[int], bool] | None = None) -> Booster | None:
+    """A session's phrase-boosting walk (None: no vocabulary, or boost 0). The graph of a phrase
+    list is built once per model (`graphs`, the model's own cache) and shared by its sessions;
+    `tokenizations(phrase)`: the id sequences a phrase may appear as."""
+    if vocabulary is None or not vocabulary.phrases or vocabulary.boost == 0:
         return None
-    cache = owner.__dict__.setdefault("_graphs", cg.GraphCache())
 
-    def build() -> cg.ContextGraph:
+    def build() -> ContextGraph:
         seqs = []
-        for p in phrases:
+        for p in vocabulary.phrases:
             for ids in tokenizations(p):
                 if ids and ids not in seqs:
                     seqs.append(ids)
-        return cg.ContextGraph(seqs, vocab)
+        return ContextGraph(seqs, vocab)
 
-    return cg.Booster(cache.get(tuple(phrases), build), alpha, transparent)
+    return Booster(graphs.get(vocabulary.phrases, build), vocabulary.boost, transparent)
 
 
 class TokenLogprobs:
@@ -135,15 +146,10 @@ def logprob_items(tokenizer, pairs) -> list[dict]:
     """OpenAI's logprobs entries: {token, logprob, bytes} per (id, logprob)."""
     out = []
     for tok, lp in pairs:
-        b = tokenizer.token_bytes(tok) if not _special(tokenizer, tok) else b""
+        b = tokenizer.token_bytes(tok) if not tokenizer.is_special(tok) else b""
         out.append({"token": b.decode("utf-8", "replace"), "logprob": float(lp),
                     "bytes": list(b)})
     return out
-
-
-def _special(tokenizer, tok: int) -> bool:
-    f = getattr(tokenizer, "is_special", None)
-    return bool(f and f(tok))
 
 
 class StreamingASR:
@@ -176,28 +182,6 @@ class StreamingASR:
         return self._finish_batch(sessions) if sessions else []
 
 
-def check_sessions(owner, sessions) -> None:
-    """Every session is `owner`'s, and none is listed twice (a batched call's sessions)."""
-    seen = set()
-    for s in sessions:
-        if getattr(s, "owner", None) is not owner:
-            raise MlxSpeechError("a session belongs to another model")
-        if id(s) in seen:
-            raise MlxSpeechError("a session may appear only once per call")
-        seen.add(id(s))
-
-
-def checked_pairs(owner, pairs) -> tuple[list, list[np.ndarray]]:
-    """A batched feed's `[(session, chunk)]` checked before any session is fed: the sessions
-    (`check_sessions`, none finished) and their chunks as float32 mono."""
-    sessions = [s for s, _ in pairs]
-    check_sessions(owner, sessions)
-    for s in sessions:
-        if s.finished:
-            raise MlxSpeechError("session already finished; start a new one")
-    return sessions, [check_audio(c) for _, c in pairs]
-
-
 def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,
                     progress: Callable[[float, float], None] | None = None) -> Transcript:
     """Offline transcription is the streaming session fed in large pieces, so the
@@ -218,58 +202,3 @@ def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,
             progress(min(len(audio), i + piece) / rate, total)
     session.finish()
     return session.result()
-
-
-def raise_missing(expected: set[str], got) -> None:
-    missing = sorted(expected - set(got))
-    if missing:
-        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint is missing key {missing[0]!r}{more}")
-
-
-def raise_unmatched(expected: set[str], got, where) -> None:
-    """A missing key, else a key no parameter takes: an error naming the first."""
-    raise_missing(expected, got)
-    extra = sorted(set(got) - expected)
-    if extra:
-        more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{where}: unexpected key {extra[0]!r}{more}")
-
-
-def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | None,
-                quantize: int | None = None, group_size: int = 64,
-                keep: quant.Keep | None = None, expect: dict | None = None) -> None:
-    """Shapes checked, every parameter set, then one eval reads the mapped files.
-
-    Modules the file stores quantized (`<path>.scales`) are swapped in first, with the
-    bits / group size their tensors say (`expect`: what the checkpoint declares). `quantize`
-    (bits) then quantizes the rest on the fly, except what `keep(path, module)` keeps, one
-    module at a time; `weights` is emptied first (callers must hold no other reference to the
-    file's arrays), so full-precision tensors are freed as soon as they are quantized.
-    """
-    if quantize is not None:
-        quant.check_params(quantize, group_size)
-    try:
-        quant.quantize_from_weights(model, weights, expect)
-    except CheckpointError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    for k, p in tree_flatten(model.parameters()):
-        if tuple(weights[k].shape) != tuple(p.shape):
-            raise CheckpointError(f"weight {k!r} has shape {tuple(weights[k].shape)}, "
-                                  f"config expects {tuple(p.shape)}")
-    items = list(weights.items())
-    if dtype is not None:  # packed quantized weights and fp-mode scales stay as they are
-        items = [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
-                 for k, v in items]
-    if quantize is not None:
-        weights.clear()
-    model.load_weights(items, strict=True)
-    del items
-    model.eval()
-    try:
-        if quantize is not None:
-            quant.quantize(model, quantize, group_size, keep=keep)
-        mx.eval(model.parameters())
-    except RuntimeError as e:
-        msg = str(e).splitlines()[0]
-        raise CheckpointError(f"cannot read weights in {where}: {msg}") from None

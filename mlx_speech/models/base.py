@@ -16,7 +16,10 @@ Every model:
 Speech-to-text also: `latency` (a `Latency`), `transcribe`, `feed_many`, `finish_many`,
 `tokenizer`. Text-to-speech: `voices`, `generate`, `stream`. Full duplex: `frame_size`,
 `voices`, `roles` (whether sessions take a text role prompt). Diarizer: `n_speakers`,
-`feed_many`, `finish_many`. VAD: `make_state`, called on (audio, state).
+`feed_many`, `finish_many`. VAD: `make_state`, called on (audio, state). A speech-to-text
+session takes `vocabulary` (a `mlx_speech.text.vocabulary.Vocabulary`, parsed at the edge).
+`check_sessions` / `checked_pairs` are the checks every batched `feed_many` / `finish_many`
+makes before any session moves.
 
 A new family adds its folder under `mlx_speech/models/`, a class with these attributes, and one
 line in `mlx_speech/registry.MODELS`.
@@ -141,3 +144,28 @@ class DiarizerModel(SpeechModel, Protocol):
     def feed_many(self, pairs) -> list: ...
 
     def finish_many(self, sessions) -> list: ...
+
+
+def check_sessions(owner, sessions) -> None:
+    """A batched call's sessions (`feed_many`, `finish_many`): every one `owner`'s, none listed
+    twice."""
+    seen = set()
+    for s in sessions:
+        if getattr(s, "owner", None) is not owner:
+            raise MlxSpeechError("a session belongs to another model")
+        if id(s) in seen:
+            raise MlxSpeechError("a session may appear only once per call")
+        seen.add(id(s))
+
+
+def checked_pairs(owner, pairs) -> tuple[list, list]:
+    """A batched feed's `[(session, chunk)]` checked before any session is fed: the sessions
+    (`check_sessions`, none finished) and their chunks as float32 mono numpy arrays."""
+    from ..audio.io import check_audio  # numpy: front doors read this module before any load
+
+    sessions = [s for s, _ in pairs]
+    check_sessions(owner, sessions)
+    for s in sessions:
+        if s.finished:
+            raise MlxSpeechError("session already finished; start a new one")
+    return sessions, [check_audio(c) for _, c in pairs]

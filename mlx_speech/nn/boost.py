@@ -1,77 +1,72 @@
-"""Phrase boosting on logits: `logits -> boost -> greedy choice`, fixed shapes per step.
+"""Phrase boosting on logits: the (B, vocab) bias of a step's rows, fixed shapes per step.
 
-Each row's bias is `alpha * (root_scores + scatter(idx, val))` (see
-`mlx_speech/text/context_graph.py`): a dense vector per graph, built once, plus a sparse
-part of a fixed width (a power of two covering the graph's widest state) built on the host
-from the row's graph state. Rows without phrases get zeros; a step without any phrases
-builds no bias at all (the plain argmax, unchanged).
+Each row's bias is `alpha * (root_scores + scatter(idx, val))` (the context graph of
+`mlx_speech/text/context_graph.py`): a dense vector per graph, put on the device once, plus a
+sparse part of a fixed width (a power of two covering the graph's widest state) that the row's
+walk gives from its graph state on the host. Rows without phrases get zeros; a step without
+any phrases builds no bias at all. The chosen token is `nn.sampling`'s (greedy over logits +
+bias).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+from weakref import WeakKeyDictionary
+
 import mlx.core as mx
 import numpy as np
 
-from ..text.context_graph import Booster
+
+class Graph(Protocol):
+    root_scores: np.ndarray  # (graph vocab,) the root's arc scores
+    width: int  # the sparse part's width
 
 
-def _root(b: Booster, vocab: int, dtype: mx.Dtype) -> mx.array:
-    cache = b.graph.__dict__.setdefault("_root_mx", {})
-    key = (b.alpha, vocab, dtype)
+class Walk(Protocol):
+    """One stream's walk through a graph (`text.context_graph.Booster`)."""
+
+    graph: Graph
+    alpha: float
+
+    def sparse(self, width: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+# the dense part of each live graph on the device, per (alpha, vocab, dtype): kept as long as
+# the graph (a model's graph cache holds it; the sessions boosting with it share one copy)
+_ROOTS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _root(w: Walk, vocab: int, dtype: mx.Dtype) -> mx.array:
+    cache = _ROOTS.setdefault(w.graph, {})
+    key = (w.alpha, vocab, dtype)
     if key not in cache:
         r = np.zeros(vocab, np.float32)
-        n = min(vocab, len(b.graph.root_scores))
-        r[:n] = b.graph.root_scores[:n] * b.alpha
+        n = min(vocab, len(w.graph.root_scores))
+        r[:n] = w.graph.root_scores[:n] * w.alpha
         cache.clear()
         cache[key] = mx.array(r).astype(dtype)
     return cache[key]
 
 
-def bias(rows: list[Booster | None], vocab: int, dtype: mx.Dtype = mx.float32
-         ) -> mx.array | None:
+def bias(rows: list[Walk | None], vocab: int, dtype: mx.Dtype = mx.float32) -> mx.array | None:
     """(B, vocab) additive bias of each row's current state; None when no row boosts."""
-    live = [b for b in rows if b is not None]
+    live = [w for w in rows if w is not None]
     if not live:
         return None
-    width = max(b.graph.width for b in live)
+    width = max(w.graph.width for w in live)
     zero = None
     roots, idx, val = [], np.zeros((len(rows), width), np.int32), np.zeros(
         (len(rows), width), np.float32)
-    for i, b in enumerate(rows):
-        if b is None:
+    for i, w in enumerate(rows):
+        if w is None:
             if zero is None:
                 zero = mx.zeros((vocab,), dtype)
             roots.append(zero)
             continue
-        roots.append(_root(b, vocab, dtype))
-        idx[i], val[i] = b.sparse(width)
+        roots.append(_root(w, vocab, dtype))
+        idx[i], val[i] = w.sparse(width)
     out = roots[0][None] if len(roots) == 1 else mx.stack(roots)
     if not val.any():  # every row at the root (most steps): the dense part alone
         return out
     r = mx.arange(len(rows))[:, None]
     return out.at[r, mx.array(idx)].add(mx.array(val).astype(dtype))
-
-
-def greedy(logits: mx.array, b: mx.array | None) -> mx.array:
-    """argmax over the last axis of logits + bias (bias (B, V) broadcast over middle axes)."""
-    if b is None:
-        return mx.argmax(logits, axis=-1)
-    shape = (b.shape[0],) + (1,) * (logits.ndim - 2) + (b.shape[1],)
-    return mx.argmax(logits + b.reshape(shape), axis=-1)
-
-
-def greedy_transducer(logits: mx.array, b: mx.array | None, blank: int) -> mx.array:
-    """NeMo's fused greedy RNN-T choice: blank or not is decided on the plain logits; a
-    non-blank choice is the argmax of the non-blank logits plus the bias."""
-    raw = mx.argmax(logits, axis=-1)
-    if b is None:
-        return raw
-    nb = greedy(logits[..., :blank], b[:, :blank])
-    return mx.where(raw == blank, raw, nb)
-
-
-def chosen_logprob(logits: mx.array, chosen: mx.array) -> mx.array:
-    """log-softmax(logits) at the chosen ids (chosen: logits' shape without the last axis)."""
-    lse = mx.logsumexp(logits.astype(mx.float32), axis=-1)
-    pick = mx.take_along_axis(logits, chosen[..., None], axis=-1)[..., 0]
-    return pick.astype(mx.float32) - lse

@@ -90,7 +90,7 @@ class SlidingKVCache:
     def rope_offset(self) -> int:
         return self.offset - self.shift
 
-    def _attended(self, end: int) -> int:
+    def attended(self, end: int) -> int:
         """Slots attention sees once `end` positions were written: every allocated one
         with `fixed_shapes()` (a power of two from `step`, then the capacity), else those
         in use."""
@@ -102,7 +102,7 @@ class SlidingKVCache:
     def slot_positions(self, end: int) -> mx.array:
         """The position each attended slot holds once `end` positions were written (a slot
         not written yet gets a position past the newest, so masks hide it)."""
-        n = self._attended(end)
+        n = self.attended(end)
         s = mx.arange(n)
         if end <= self.capacity:
             return s
@@ -127,7 +127,7 @@ class SlidingKVCache:
         self.keys, self.values = new_k, new_v
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        """Write (B, H, L, D) keys/values; return the slots attention sees (`_attended`)."""
+        """Write (B, H, L, D) keys/values; return the slots attention sees (`attended`)."""
         L = k.shape[2]
         if L > self.max_chunk:
             raise ValueError(f"chunk of {L} positions exceeds max_chunk={self.max_chunk}")
@@ -141,7 +141,7 @@ class SlidingKVCache:
             self.keys[:, :, : L - first] = k[:, :, first:]
             self.values[:, :, : L - first] = v[:, :, first:]
         self.offset = end
-        n = self._attended(end)
+        n = self.attended(end)
         if n == self.keys.shape[2]:
             return self.keys, self.values
         return self.keys[:, :, :n], self.values[:, :, :n]
@@ -306,19 +306,19 @@ class RingBatch:
         n = ring_slots(end, self.capacity, self.step)
         return n if self.keys is None else max(n, self.keys.shape[2])
 
-    def _attended(self, end: int) -> int:
+    def attended(self, end: int) -> int:
         """Slots attention sees once the rows' positions reach `end`."""
         return self._slots(end) if fixed_shapes() else min(end, self.capacity)
 
     def make_mask(self, length: int) -> mx.array | str | None:
         """(B, 1, L, S) mask for `length` new queries per row, against the slots attention
-        sees after the write (S = `_attended`, unwritten slots hidden). None when every
+        sees after the write (S = `attended`, unwritten slots hidden). None when every
         query sees every slot and "causal" when rows in step see exactly their earlier
         positions: the fused GPU kernels take those (CUDA runs no fused decode step with a
         mask)."""
         cap, window = self.capacity, self.window
         o = [r.offset for r in self.rows]
-        n = self._attended(max(o) + length)
+        n = self.attended(max(o) + length)
         if length == 1 and n <= window and all(min(x + 1, cap) >= n for x in o):
             return None  # every row wrote every slot, all within its window
         if min(o) == max(o) and o[0] + length == n <= window:
@@ -343,7 +343,7 @@ class RingBatch:
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Write (B, H, L, D) keys/values, row b at its own positions; return the slots
-        attention sees (`_attended`). A chunk longer than `max_chunk` is fine while no row
+        attention sees (`attended`). A chunk longer than `max_chunk` is fine while no row
         wraps (e.g. a prompt at position 0)."""
         L, cap = k.shape[2], self.capacity
         offs = [r.offset for r in self.rows]
@@ -368,7 +368,7 @@ class RingBatch:
             self.values = mx.put_along_axis(self.values, idx, v, axis=2)
         for r in self.rows:
             r.offset += L
-        n = self._attended(end)
+        n = self.attended(end)
         keys, values = self.keys, self.values
         if n != keys.shape[2]:
             keys, values = keys[:, :, :n], values[:, :, :n]

@@ -7,6 +7,9 @@
 - Conv module: pointwise -> GLU -> depthwise (causal with a cache, or centred) -> LayerNorm or
   (inference) BatchNorm -> SiLU -> pointwise. Frames outside `valid` are zeroed before the
   depthwise conv, as NeMo does with its pad mask, so right padding never leaks into real frames.
+
+Module names are the transformers ones; NeMo's checkpoint names map onto them with
+`mlx_speech/models/nemo/checkpoint.py`'s CONFORMER_RENAMES.
 """
 
 from __future__ import annotations
@@ -15,19 +18,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .conv import ConvCache
-
-# NeMo's FastConformer layer names -> these modules' (the transformers names): the same in every
-# NeMo family's checkpoint (Nemotron ASR, Sortformer), applied with re.sub in order
-NEMO_CONFORMER_RENAMES = [
-    (r"\.conv\.batch_norm\.", ".conv.norm."),
-    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
-    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
-    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
-    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
-    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
-    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
-    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
-]
 
 
 def rel_positions(n_keys: int, n_queries: int, dim: int) -> mx.array:

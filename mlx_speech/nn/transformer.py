@@ -30,7 +30,7 @@ class KVCache:
     def rope_offset(self) -> int:
         return self.offset
 
-    def _attended(self, end: int) -> int:
+    def attended(self, end: int) -> int:
         if not fixed_shapes():
             return end
         n = max(self.step, 1 << (end - 1).bit_length())
@@ -39,7 +39,7 @@ class KVCache:
     def make_mask(self, length: int) -> mx.array | str | None:
         """Mask for `length` new queries (causal) against the slots attention sees."""
         end = self.offset + length
-        n = self._attended(end)
+        n = self.attended(end)
         if n == end and (length == 1 or self.offset == 0):
             return None if length == 1 else "causal"
         return mx.arange(self.offset, end)[:, None] >= mx.arange(n)[None]
@@ -60,7 +60,7 @@ class KVCache:
         self.keys[:, :, self.offset : end] = k
         self.values[:, :, self.offset : end] = v
         self.offset = end
-        n = self._attended(end)
+        n = self.attended(end)
         if n == self.keys.shape[2]:
             return self.keys, self.values
         return self.keys[:, :, :n], self.values[:, :, :n]

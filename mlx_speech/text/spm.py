@@ -14,8 +14,9 @@ import struct
 import unicodedata
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MlxSpeechError
 from ..protobuf import fields as _fields
+from .spm_encode import SentencePieceEncoder
 
 SPACE = "\u2581"
 
@@ -151,6 +152,7 @@ class SentencePieceDecoder:
         self.encoding = encoding  # what `encode` needs: scores / merges, model type
         self.dummy_prefix, self.collapse = dummy_prefix, collapse
         self.unk_surface = unk_surface
+        self._encoder: SentencePieceEncoder | None = None  # built by the first `encode`
         self._bytes: list[bytes] = []
         for p, kind in pieces:
             if kind == BYTE and _BYTE.match(p):
@@ -196,15 +198,38 @@ class SentencePieceDecoder:
         for i in ids:
             self.pieces[i] = (self.pieces[i][0], CONTROL)
             self._bytes[i] = b""
+        self._encoder = None  # encoding no longer yields them
 
     def is_unknown(self, i: int) -> bool:
         return self.kind(i) == UNKNOWN
 
+    def is_special(self, i: int) -> bool:
+        """A control piece (or an id past the vocabulary, e.g. a blank): it prints nothing."""
+        return self.kind(i) == CONTROL
+
     def encode(self, text: str) -> list[int]:
         """text -> ids as sentencepiece's `encode` (used for hotwords; see spm_encode)."""
-        from .spm_encode import encode
+        if self._encoder is None:
+            self._encoder = self._make_encoder()
+        return self._encoder.encode(text)
 
-        return encode(self, text)
+    def _make_encoder(self) -> SentencePieceEncoder:
+        enc = self.encoding
+        if enc is None:
+            raise MlxSpeechError("this tokenizer file has no scores or merges: it cannot "
+                                 "encode text (hotwords need tokenizer.model or a BPE/Unigram "
+                                 "tokenizer.json)")
+        ids, byte_ids, unk = {}, {}, None
+        for i, (p, kind) in enumerate(self.pieces):
+            if kind in (NORMAL, USER_DEFINED):
+                ids.setdefault(p, i)
+            elif kind == BYTE:
+                byte_ids[self.token_bytes(i)[0]] = i
+            elif kind == UNKNOWN and unk is None:
+                unk = i
+        nfkc = enc.get("normalizer", "identity") != "identity"
+        return SentencePieceEncoder(ids, byte_ids, unk, enc, lambda text: normalize_pieces(
+            text, nfkc, self.collapse, self.dummy_prefix))
 
     def decode(self, ids: list[int]) -> str:
         s = StreamingDecoder(self)

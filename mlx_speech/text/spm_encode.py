@@ -12,45 +12,40 @@ pieces when the model has them, else the unknown id (one per run).
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..errors import MlxSpeechError
 
-if TYPE_CHECKING:
-    from .spm import SentencePieceDecoder
-
-SPACE = "\u2581"
 UNK_PENALTY = 10.0  # sentencepiece's kUnkPenalty (unigram)
 
 
-def _tables(spm: SentencePieceDecoder) -> dict:
-    t = getattr(spm, "_encode_tables", None)
-    if t is None:
-        from .spm import BYTE, NORMAL, UNKNOWN, USER_DEFINED
+class SentencePieceEncoder:
+    """text -> ids for one model, built once from its pieces (the decoder classifies them:
+    `text/spm.py`). `ids`: text piece -> its first id; `byte_ids`: byte -> its byte piece's id;
+    `unk`: the unknown piece's id or None; `encoding`: the scores or merges and the model
+    type; `normalize`: sentencepiece's input normalization (spaces as U+2581)."""
 
-        ids, byte_ids, unk = {}, {}, None
-        for i, (p, kind) in enumerate(spm.pieces):
-            if kind in (NORMAL, USER_DEFINED):
-                ids.setdefault(p, i)
-            elif kind == BYTE:
-                byte_ids[spm.token_bytes(i)[0]] = i
-            elif kind == UNKNOWN and unk is None:
-                unk = i
-        t = {"ids": ids, "bytes": byte_ids, "unk": unk,
-             "maxlen": max((len(p) for p in ids), default=1)}
-        enc = spm.encoding or {}
-        if "merges" in enc:
-            t["ranks"] = {tuple(m.split(" ", 1)): r for r, m in enumerate(enc["merges"])}
-        spm._encode_tables = t
-    return t
+    def __init__(self, ids: dict[str, int], byte_ids: dict[int, int], unk: int | None,
+                 encoding: dict, normalize: Callable[[str], str]):
+        self.encoding, self.normalize = encoding, normalize
+        self.tables = {"ids": ids, "bytes": byte_ids, "unk": unk,
+                       "maxlen": max((len(p) for p in ids), default=1)}
+        if "merges" in encoding:
+            self.tables["ranks"] = {tuple(m.split(" ", 1)): r
+                                    for r, m in enumerate(encoding["merges"])}
 
-
-def _normalize(spm: SentencePieceDecoder, text: str) -> str:
-    from .spm import normalize_pieces
-
-    enc = spm.encoding or {}
-    return normalize_pieces(text, enc.get("normalizer", "identity") != "identity",
-                            spm.collapse, spm.dummy_prefix)
+    def encode(self, text: str) -> list[int]:
+        """text -> ids as sentencepiece's `encode` of the same model."""
+        t = self.tables
+        text = self.normalize(text)
+        if not text:
+            return []
+        if self.encoding["type"] == "bpe":
+            ids = _bpe(self.encoding, t, text)
+        else:
+            ids = _unigram(self.encoding, t, text)
+        # as sentencepiece, a run of unknown pieces is one unknown id
+        return [i for k, i in enumerate(ids) if not (i == t["unk"] and k and ids[k - 1] == i)]
 
 
 def _fallback(t: dict, piece: str) -> list[int]:
@@ -62,9 +57,9 @@ def _fallback(t: dict, piece: str) -> list[int]:
     return [t["unk"]]
 
 
-def _bpe(spm: SentencePieceDecoder, t: dict, text: str) -> list[int]:
+def _bpe(encoding: dict, t: dict, text: str) -> list[int]:
     sym = list(text)
-    ranks, scores = t.get("ranks"), (spm.encoding or {}).get("scores")
+    ranks, scores = t.get("ranks"), encoding.get("scores")
 
     def key(a: str, b: str):
         if ranks is not None:
@@ -107,8 +102,8 @@ def _bpe(spm: SentencePieceDecoder, t: dict, text: str) -> list[int]:
     return out
 
 
-def _unigram(spm: SentencePieceDecoder, t: dict, text: str) -> list[int]:
-    scores = spm.encoding["scores"]
+def _unigram(encoding: dict, t: dict, text: str) -> list[int]:
+    scores = encoding["scores"]
     known = [scores[i] for i in t["ids"].values()]
     unk_score = (min(known) if known else 0.0) - UNK_PENALTY
     n = len(text)
@@ -144,19 +139,3 @@ def _unigram(spm: SentencePieceDecoder, t: dict, text: str) -> list[int]:
     if run:
         out += _fallback(t, run) if not t["bytes"] else sum((_fallback(t, c) for c in run), [])
     return out
-
-
-def encode(spm: SentencePieceDecoder, text: str) -> list[int]:
-    """text -> ids as sentencepiece's `encode` of the same model."""
-    enc = spm.encoding
-    if enc is None:
-        raise MlxSpeechError("this tokenizer file has no scores or merges: it cannot encode "
-                             "text (hotwords need tokenizer.model or a BPE/Unigram "
-                             "tokenizer.json)")
-    t = _tables(spm)
-    text = _normalize(spm, text)
-    if not text:
-        return []
-    ids = _bpe(spm, t, text) if enc["type"] == "bpe" else _unigram(spm, t, text)
-    # as sentencepiece, a run of unknown pieces is one unknown id
-    return [i for k, i in enumerate(ids) if not (i == t["unk"] and k and ids[k - 1] == i)]

@@ -56,6 +56,14 @@ class Tekken:
         self._cache: dict[bytes, list[int]] = {}
 
     @classmethod
+    def from_folder(cls, folder: Path) -> Tekken:
+        """The `tekken.json` of a Voxtral checkpoint folder."""
+        path = Path(folder) / "tekken.json"
+        if not path.exists():
+            raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
+        return cls.from_file(path)
+
+    @classmethod
     def from_file(cls, path: str | Path) -> Tekken:
         path = Path(path)
         if not path.is_file():

@@ -89,7 +89,6 @@ class Vocabulary:
 
 def session_keywords(vocabulary: Vocabulary | None) -> dict:
     """The session keywords that carry `vocabulary` to a model ({} for None): the one way
-    every front door (CLI, server, app) hands its parsed vocabulary to `model.session`."""
-    if vocabulary is None:
-        return {}
-    return {"hotwords": list(vocabulary.phrases), "boost": vocabulary.boost}
+    every front door (CLI, server, app) hands its parsed vocabulary to `model.session`, which
+    takes the value as it is (no second parse)."""
+    return {} if vocabulary is None else {"vocabulary": vocabulary}

@@ -22,6 +22,7 @@ from tests.support.moshi import (
     GOLDEN as MOSHI,
 )
 from tests.support.moshi import (
+    VOICE_CACHE,
     build_random_lm,
     kyutai_weights,
     random_lm_kwargs,
@@ -46,7 +47,7 @@ def _pp_src(d: Path) -> Path:
     from safetensors.numpy import save_file
 
     save_file({"embeddings": (0.1 * rng.standard_normal((3, 1, 1, 16))).astype(np.float32),
-               "cache": np.full((1, 17, 4), 2048, np.int64)},
+               "cache": VOICE_CACHE},
               str(d / "voices" / "NATF0.safetensors"))
     return d
 

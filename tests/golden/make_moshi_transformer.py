@@ -1,4 +1,4 @@
-"""Goldens for mlx_speech.models.moshi.transformer from Kyutai's PyTorch moshi 0.2.13.
+"""Goldens for mlx_speech.nn.moshi_transformer from Kyutai's PyTorch moshi 0.2.13.
 
     NO_TORCH_COMPILE=1 python tests/golden/make_moshi_transformer.py
 

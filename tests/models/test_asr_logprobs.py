@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.nn import boost
+from mlx_speech.nn import sampling
 from tests.conftest import speechlike
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -59,14 +59,14 @@ def test_voxtral_logprobs_are_the_models_log_softmax(vr_model, monkeypatch):
     a = speechlike(2.0)
     plain = vr_model.transcribe(a)
     seen = []
-    real = boost.greedy
+    real = sampling.greedy
 
     def spy(logits, b):
         out = real(logits, b)
         seen.append((np.array(logits.astype(mx.float32)), np.array(out)))
         return out
 
-    monkeypatch.setattr(boost, "greedy", spy)
+    monkeypatch.setattr(sampling, "greedy", spy)
     r = vr_model.transcribe(a, logprobs=True)
     assert r.token_ids == plain.token_ids and plain.logprobs is None
     ref = [_log_softmax(lg[0])[int(c[0])] for lg, c in seen][: len(r.token_ids)]
@@ -76,8 +76,8 @@ def test_voxtral_logprobs_are_the_models_log_softmax(vr_model, monkeypatch):
 
 def test_nothing_is_computed_when_not_asked(vr_model, nemotron, monkeypatch):
     calls = []
-    real = boost.chosen_logprob
-    monkeypatch.setattr(boost, "chosen_logprob", lambda *a: calls.append(1) or real(*a))
+    real = sampling.chosen_logprob
+    monkeypatch.setattr(sampling, "chosen_logprob", lambda *a: calls.append(1) or real(*a))
     vr_model.transcribe(speechlike(1.0))
     nemotron.transcribe(speechlike(1.0))
     assert calls == []

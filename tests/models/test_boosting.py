@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import MlxSpeechError
-from mlx_speech.nn import boost
+from mlx_speech.nn import boost, sampling
 from mlx_speech.text.context_graph import Booster, ContextGraph, parse_hotwords
 from mlx_speech.text.spm import SentencePieceDecoder
+from mlx_speech.text.vocabulary import Vocabulary
 from tests.conftest import speechlike
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -89,6 +90,23 @@ def test_boosting_changes_nemotron_output_and_empty_list_changes_nothing(nemotro
     assert B["quick_tokens"].tolist() != plain  # the golden cases do change something
 
 
+def test_a_vocabulary_value_boosts_as_its_hotwords_do(nemotron, audio):
+    """Sessions take a Vocabulary (parsed once at an edge); hotwords= / boost= are the Python
+    API's edge, built into one by Vocabulary.parse: the same tokens; the graph is built once
+    in the model's own cache and shared."""
+    phrases, alpha, _ = _case("quick")
+    vocab = Vocabulary.parse(phrases, alpha)
+    got = nemotron.transcribe(audio, latency_ms=1120, vocabulary=vocab).token_ids
+    assert got == B["quick_tokens"].tolist()
+    a, b = nemotron.session(vocabulary=vocab), nemotron.session(hotwords=phrases, boost=alpha)
+    assert a.booster.graph is b.booster.graph is nemotron.graphs.get(vocab.phrases, None)
+    assert nemotron.session(vocabulary=Vocabulary(("quick",), 0.0)).booster is None
+    with pytest.raises(MlxSpeechError, match="not both"):
+        nemotron.session(vocabulary=vocab, hotwords=["other"])
+    with pytest.raises(MlxSpeechError, match="Vocabulary"):
+        nemotron.session(vocabulary="quick brown")
+
+
 def test_nemotron_batched_equals_alone_with_different_lists(nemotron, audio):
     specs = ["quick", None, "strong", "many"]
 
@@ -127,13 +145,13 @@ def test_boost_wins_a_near_tie_and_leaves_clear_choices_alone():
     g = ContextGraph([[3, 4]], 8)
     w = Booster(g, 1.0)
     logits = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 1.0]])
-    assert int(boost.greedy(logits, None)[0]) == 7
-    assert int(boost.greedy(logits, boost.bias([w], 8))[0]) == 3  # near tie: the phrase wins
+    assert int(sampling.greedy(logits, None)[0]) == 7
+    assert int(sampling.greedy(logits, boost.bias([w], 8))[0]) == 3  # near tie: the phrase wins
     clear = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 5.0]])
-    assert int(boost.greedy(clear, boost.bias([w], 8))[0]) == 7
+    assert int(sampling.greedy(clear, boost.bias([w], 8))[0]) == 7
     # transducer: blank or not is the plain model's call
     blank = mx.array([[0.0, 0.0, 0.0, 0.9, 0.0, 0.0, 0.0, 1.0, 1.2]])
-    assert int(boost.greedy_transducer(blank, boost.bias([w], 8), 8)[0]) == 8
+    assert int(sampling.greedy_transducer(blank, boost.bias([w], 8), 8)[0]) == 8
 
 
 def test_bias_shape_does_not_grow_with_phrases():
@@ -165,7 +183,7 @@ def test_hotword_lists_are_checked():
 def _record(monkeypatch):
     """Every boosted greedy choice Voxtral makes: (logits, chosen) per row."""
     seen = []
-    real = boost.greedy
+    real = sampling.greedy
 
     def spy(logits, b):
         out = real(logits, b)
@@ -173,7 +191,7 @@ def _record(monkeypatch):
             seen.append((np.array(logits.astype(mx.float32)), np.array(out)))
         return out
 
-    monkeypatch.setattr(boost, "greedy", spy)
+    monkeypatch.setattr(sampling, "greedy", spy)
     return seen
 
 

@@ -116,7 +116,7 @@ def test_ring_batch_mask_takes_the_forms_fused_kernels_take(monkeypatch, fixed):
         group = rows + [late] if step in (4, 5) else rows  # a row out of step, for 2 steps
         batch = RingBatch.gather(group, step=2)
         mask = batch.make_mask(L)
-        expect = _window_mask_of(group, L, batch._attended(max(r.offset for r in group) + L))
+        expect = _window_mask_of(group, L, batch.attended(max(r.offset for r in group) + L))
         q, k, v = (mx.array(rng.standard_normal((len(group), 2, L, 4)).astype(np.float32))
                    for _ in range(3))
         kk, vv = batch.update_and_fetch(k, v)

@@ -12,6 +12,9 @@ in (sources: ../shared/research/mlx-backends.md, MLX 0.32 kernels):
   GPU") raises here when it is created: constructor, `astype`, `view`, every `mx.*` function.
 * `gpu_order`: `mx.argpartition` / `mx.partition` / `mx.argsort` returning another valid
   order (Metal and CUDA partition by a full sort, the CPU by `nth_element`; ties in any order).
+* `TieOrderNumpy`: numpy's `argsort` / `lexsort` with ties in another order, for host code
+  that must not depend on it (Sortformer's speaker-cache compression; NeMo's `torch.topk`
+  keeps no order among ties).
 """
 
 from __future__ import annotations
@@ -175,3 +178,27 @@ def gpu_order(monkeypatch):
         monkeypatch.setattr(mx, "argsort", argsort)
 
     return use
+
+
+class TieOrderNumpy:
+    """numpy as a module sees it, with `argsort` and `lexsort` listing equal keys in `order`
+    ("stable" or "reversed") whatever `kind` asks: what a sort that keeps no order among ties
+    (torch.topk, on another device) may return. Patch it over a module's `np` to show that the
+    module's result does not depend on the order of ties."""
+
+    def __init__(self, order: str):
+        self.order = order
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def argsort(self, a, axis=-1, kind=None):
+        x = np.moveaxis(np.asarray(a), axis, -1)
+        return np.moveaxis(_permuted_sort(x, self.order), -1, axis)
+
+    def lexsort(self, keys, axis=-1):
+        keys = [np.moveaxis(np.asarray(k), axis, -1) for k in keys]
+        n = keys[0].shape[-1]
+        tie = np.broadcast_to(np.arange(n) if self.order == "stable" else -np.arange(n),
+                              keys[0].shape)
+        return np.moveaxis(np.lexsort((tie, *keys), axis=-1), -1, axis)

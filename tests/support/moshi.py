@@ -16,6 +16,10 @@ GOLDEN = Path(__file__).parents[1] / "golden" / "moshi"
 SILENCE_TOKENS = [948, 243, 1178, 546, 1736, 1030, 1978, 2008]
 SINE_TOKENS = [430, 1268, 381, 1611, 1095, 1495, 56, 472]
 DELAYS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1]  # a tiny Kyutai LM's 17 streams
+# a stored voice's token cache for the tiny PersonaPlex (tiny_pp: card 2048, text_card 50, 4
+# columns): the text stream at PAD (3), the 16 audio streams at the initial token (2048)
+VOICE_CACHE = np.concatenate([np.full((1, 1, 4), 3, np.int64), np.full((1, 16, 4), 2048, np.int64)],
+                             axis=1)
 
 
 def speech(n: int, sr: int = 24000, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Shared by tests/models/moshi/test_moshi_transformer.py and tests/kernels/test_fixed_shapes.py:
+"""Shared by tests/nn/test_moshi_transformer.py and tests/kernels/test_fixed_shapes.py:
 the Kyutai
 streaming transformer's goldens (PyTorch moshi 0.2.13, make_moshi_transformer.py) and the
 streaming check against them."""
@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.models.moshi.transformer import (
+from mlx_speech.nn.moshi_transformer import (
     Transformer,
     TransformerConfig,
     remap_checkpoint,

@@ -49,7 +49,7 @@ def tiny_models(tmp: Path) -> dict[str, object]:
     from safetensors.numpy import save_file
 
     import mlx_speech
-    from tests.support.moshi import tiny_kyutai_moshi, write_folder
+    from tests.support.moshi import VOICE_CACHE, tiny_kyutai_moshi, write_folder
 
     ky = tiny_kyutai_moshi(tmp / "moshi")
     pkw = json.loads((GOLDEN / "moshi" / "tiny_pp_config.json").read_text())
@@ -58,7 +58,7 @@ def tiny_models(tmp: Path) -> dict[str, object]:
     rng = np.random.default_rng(0)
     for name in ("NATF0", "NATM1"):
         save_file({"embeddings": (0.1 * rng.standard_normal((3, 1, 1, 16))).astype(np.float32),
-                   "cache": np.full((1, 17, 4), 2048, np.int64)},
+                   "cache": VOICE_CACHE},
                   str(pp / "voices" / f"{name}.safetensors"))
     return {"nemotron": mlx_speech.load(GOLDEN / "nemotron"),
             "voxtral-tts": mlx_speech.load(GOLDEN / "voxtral_tts" / "ckpt"),

@@ -6,12 +6,10 @@ import os
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted
 from ...errors import CheckpointError
-from ...hub import MIMI_FILE, load_safetensors, read_json
-from ..asr import load_strict, raise_unmatched
+from ...hub import MIMI_FILE, read_json
+from ..loading import fill, read_weights
 from .config import MimiConfig, QuantizerConfig, SeanetConfig
 from .model import DecoderState, EncoderState, Mimi, MimiState
 from .weights import remap
@@ -49,10 +47,7 @@ def load(path_or_folder: str | os.PathLike, config: MimiConfig | dict | None = N
         config = found_cfg or {}
     cfg = config if isinstance(config, MimiConfig) else MimiConfig.from_dict(config)
     model = Mimi(cfg, num_codebooks=num_codebooks)
-    weights = load_safetensors([file])
-    if not is_converted([file]):  # converted files are already in our names and layouts
-        weights = remap(weights, cfg)
-    expected = {k for k, _ in tree_flatten(model.parameters())}
-    raise_unmatched(expected, weights, file)
-    load_strict(model, weights, file, dtype)
+    weights, converted = read_weights([file])  # converted: in our names and layouts already
+    fill(model, weights, file, converted=converted, remap=lambda w, _: remap(w, cfg),
+         dtype=dtype)
     return model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..moshi.transformer import TransformerConfig
+from ...nn.moshi_transformer import TransformerConfig
 
 
 def _known(cls, d: dict) -> dict:

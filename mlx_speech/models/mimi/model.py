@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...nn.conv import CausalConv1d, CausalConvTranspose1d, ConvCache, ConvTrCache
-from ..moshi.transformer import Transformer, TransformerState
+from ...nn.moshi_transformer import Transformer, TransformerState
 from .config import MimiConfig, MimiTransformerConfig
 from .quantizer import SplitResidualVQ
 from .seanet import SeanetDecoder, SeanetEncoder

@@ -21,12 +21,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, read_json
+from ...hub import read_json
 from ...nn import quant
-from ..asr import load_strict
 from ..base import parameter_bytes
+from ..loading import fill, load_safetensors, read_weights
 from .config import (
     PERSONAPLEX_MLX_FILES,
     CheckpointFiles,
@@ -34,7 +33,7 @@ from .config import (
     LmConfig,
     personaplex_mlx_kwargs,
 )
-from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut, sample_token
+from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
@@ -50,7 +49,7 @@ from .weights import (
 
 __all__ = ["DEFAULT_USER_LAG", "LM", "CheckpointFiles", "DuplexSession", "GenConfig",
            "KyutaiGen", "LmConfig", "LmState", "Moshi", "PersonaPlexGen", "Sampling", "StepOut",
-           "TextTokenizer", "build_lm", "load", "sample_token", "weight_patterns"]
+           "TextTokenizer", "build_lm", "load", "weight_patterns"]
 
 DEFAULT_VOICE = "NATF0"  # PersonaPlex's web UI default
 
@@ -90,11 +89,8 @@ def build_lm(config: LmConfig, weights: dict[str, mx.array], where="LM",
             raise CheckpointError(f"{where}: config says dep_q={config.dep_q} but the weights "
                                   f"have {n} depformer heads")
     lm = LM(config, *gated_hidden(weights))
-    mapped = weights if converted else remap(weights, lm)
-    if quantize is not None and not converted:  # consumed: each tensor is freed once quantized
-        weights.clear()
-    load_strict(lm, mapped, where, dtype, quantize, group_size, keep_high_precision,
-                None if converted else expect)
+    fill(lm, weights, where, converted=converted, remap=lambda w, _: remap(w, lm), dtype=dtype,
+         quantize=quantize, group_size=group_size, keep=keep_high_precision, declared=expect)
     return lm
 
 
@@ -211,10 +207,9 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     (Kyutai's moshi_mlx `model.q4` / `model.q8`) load as they are; `quantize` (4, 6 or 8 bits,
     group `group_size`; Kyutai's q4 is group 32) quantizes a full-precision LM on the fly."""
     from ...hub import resolve
-    from ...registry import weight_patterns as patterns
     from .. import mimi as mimi_pkg
 
-    folder = resolve(folder, patterns)
+    folder = resolve(folder, lambda model_type, f: weight_patterns(f), check=_moshi_type)
     cfg_path = folder / "config.json"
     raw = read_json(cfg_path) if cfg_path.exists() else None
     if raw is not None and raw.get("model_type") == "personaplex":
@@ -235,9 +230,9 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
             raise CheckpointError(f"{folder} has no {what} ({name})")
         paths[what] = p
     config = LmConfig.from_dict(files.lm)
-    lm = build_lm(config, load_safetensors([paths["LM weights"]]), paths["LM weights"],
-                  dtype, quantize, group_size, kyutai_declared(files.moshi_name),
-                  converted=is_converted([paths["LM weights"]]))
+    weights, converted = read_weights([paths["LM weights"]])
+    lm = build_lm(config, weights, paths["LM weights"], dtype, quantize, group_size,
+                  kyutai_declared(files.moshi_name), converted=converted)
     mimi_cfg = None
     if files.mimi_config_name:
         mimi_cfg = read_json(folder / files.mimi_config_name)
@@ -249,6 +244,12 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     tok = TextTokenizer.from_file(paths["text tokenizer"])
     voices = list_voices(voice_dir(folder)) if config.personaplex else {}
     return Moshi(lm, mimi, tok, GenConfig.from_dict(files.lm_gen), voices)
+
+
+def _moshi_type(model_type: str) -> None:
+    """A hub repo's type, checked before its weights are downloaded."""
+    if model_type not in ("moshi", "personaplex"):
+        raise CheckpointError(f"a {model_type!r} checkpoint is not a Moshi / PersonaPlex model")
 
 
 def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) -> Moshi:

@@ -25,51 +25,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ...errors import CheckpointError
+from ...nn.sampling import sample
 from .config import GenConfig, LmConfig
 
 UNGENERATED = -2  # sentinel of the reference caches; never fed to the model
 TEXT_PAD = 3  # PersonaPlex's "zero text code" during prompts
-
-
-_RANKS: dict[int, tuple[mx.array, mx.array, mx.array]] = {}
-
-
-def _ranks(V: int) -> tuple[mx.array, mx.array, mx.array]:
-    """ids, ids + V, ids + 2V as int32 constants (from numpy: no graph, usable on any thread)."""
-    if V not in _RANKS:
-        ids = np.arange(V, dtype=np.int32)
-        _RANKS[V] = (mx.array(ids), mx.array(ids + V), mx.array(ids + 2 * V))
-    return _RANKS[V]
-
-
-def top_k_ids(logits: mx.array, k: int) -> mx.array:
-    """Ids [B, k] of the `k` largest logits, ascending, ties at the k-th value going to the
-    lowest ids. Built from values and ids only, so it never depends on the order in which a
-    backend's partition lists candidates (the CPU's nth_element and the GPUs' sorts differ)."""
-    V = logits.shape[-1]
-    kth = -mx.partition(-logits, kth=k - 1, axis=-1)[..., k - 1: k]  # the k-th largest
-    above, tied, below = _ranks(V)  # above the k-th value first, then ties; each in id order
-    rank = mx.where(logits > kth, above, mx.where(logits == kth, tied, below))
-    return mx.sort(mx.partition(rank, kth=k - 1, axis=-1)[..., :k] % V, axis=-1)
-
-
-_top_k_ids = mx.compile(top_k_ids)  # fused: a sampled step then costs what the old one did
-
-
-def sample_token(logits: mx.array, temp: float, top_k: int, key: mx.array | None) -> mx.array:
-    """Reference sampling (`moshi.utils.sampling.sample_token`): greedy when `temp <= 0`, else
-    softmax(logits / temp) restricted to the `top_k` largest logits (0 = all). Logits [B, V] in
-    any dtype; computed in float32. Returns int32 [B]. Candidates are drawn in id order, so a
-    seed picks the same token from the same logits on every backend."""
-    logits = logits.astype(mx.float32)
-    if temp <= 0:
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
-    if 0 < top_k < logits.shape[-1]:
-        idx = _top_k_ids(logits, top_k)
-        vals = mx.take_along_axis(logits, idx, axis=-1)
-        pick = mx.random.categorical(vals * (1.0 / temp), key=key)
-        return mx.take_along_axis(idx, pick[..., None], axis=-1)[..., 0].astype(mx.int32)
-    return mx.random.categorical(logits * (1.0 / temp), key=key).astype(mx.int32)
 
 
 Sampling = GenConfig  # per-session settings: the checkpoint defaults with overrides
@@ -129,8 +90,8 @@ class _GenBase:
 
     def _sample_text(self, text_logits: mx.array) -> mx.array:
         s = self.sampling
-        return sample_token(text_logits[:, -1], s.temp_text, s.top_k_text,
-                            self.rng.next() if s.temp_text > 0 else None)
+        return sample(text_logits[:, -1], s.temp_text, s.top_k_text,
+                      self.rng.next() if s.temp_text > 0 else None)
 
     def _depformer(self, z: mx.array, text: mx.array, n_run: int,
                    forced: list[mx.array | None]) -> list[mx.array]:
@@ -140,7 +101,7 @@ class _GenBase:
         prev, out = text, []
         for k in range(n_run):
             logits = self.lm.depformer_logits(k, prev, z, self.state.dep)
-            tok = sample_token(logits, s.temp, s.top_k, self.rng.next() if s.temp > 0 else None)
+            tok = sample(logits, s.temp, s.top_k, self.rng.next() if s.temp > 0 else None)
             out.append(tok)
             prev = tok if forced[k] is None else forced[k]
         return out
@@ -295,6 +256,13 @@ class PersonaPlexGen(_GenBase):
         if t.shape != (self.batch, self.config.num_codebooks, self.columns):
             want = (self.batch, self.config.num_codebooks, self.columns)
             raise ValueError(f"cache must be {want}, got {t.shape}")
+        for k in range(self.config.num_codebooks):  # every id must index its stream's table
+            top = self.config.text_card if k == 0 else self.config.card
+            row = t[:, k]
+            bad = row[(row != UNGENERATED) & ((row < -1) | (row > top))]
+            if bad.size:
+                raise CheckpointError(f"voice cache: stream {k} holds token {int(bad[0])}, "
+                                      f"outside -1..{top}")
         for pos in range(self.columns):
             for k in range(self.config.num_codebooks):
                 v = t[:, k, pos]

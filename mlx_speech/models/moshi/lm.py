@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ...nn.moshi_transformer import RMSNorm, Transformer, TransformerConfig, TransformerState
 from .config import LmConfig
-from .transformer import RMSNorm, Transformer, TransformerConfig, TransformerState
 
 
 @dataclass

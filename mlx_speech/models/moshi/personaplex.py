@@ -139,14 +139,9 @@ def encode_voice_audio(mimi, pcm: np.ndarray, n_agent: int) -> np.ndarray:
     codes = []
     for i in range(n):
         c = mimi.encode_step(mx.array(x[None, None, i * F:(i + 1) * F]), state)
-        mx.eval(c, *_state_arrays(state))
+        mx.eval(c, *state.arrays())
         codes.append(np.array(c[0, :n_agent, 0]))
     return np.stack(codes) if codes else np.zeros((0, n_agent), np.int64)
-
-
-def _state_arrays(state) -> list[mx.array]:
-    f = getattr(state, "arrays", None)
-    return list(f()) if callable(f) else []
 
 
 def load_voice(path: Path, mimi, n_agent: int) -> VoicePrompt:

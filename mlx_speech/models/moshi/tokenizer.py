@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 from ...errors import CheckpointError
+from ...protobuf import fields
 from ...text.spm import (
     BYTE,
     CONTROL,
@@ -20,7 +21,6 @@ from ...text.spm import (
     USER_DEFINED,
     SentencePieceDecoder,
     StreamingDecoder,
-    _fields,
     normalize_pieces,
     normalizer_flags,
 )
@@ -31,10 +31,10 @@ _UNK_PENALTY = 10.0  # sentencepiece: unknown pieces score min_score - 10
 
 def _read_model(data: bytes):
     pieces: list[tuple[str, float, int]] = []
-    for num, wire, val in _fields(data):
+    for num, wire, val in fields(data):
         if num == 1 and wire == 2:
             piece, score, kind = "", 0.0, NORMAL
-            for n, w, v in _fields(val):
+            for n, w, v in fields(val):
                 if n == 1 and w == 2:
                     piece = v.decode("utf-8")
                 elif n == 2 and w == 5:

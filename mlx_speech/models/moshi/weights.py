@@ -14,9 +14,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ...errors import CheckpointError
+from ...nn.moshi_transformer import remap_checkpoint
 from ...nn.quant import param_name
 from .config import LmConfig
-from .transformer import remap_checkpoint
 
 _GATING_IN = re.compile(r"^(transformer|depformer)\.layers\.0\.gating(\.0)?\.linear_in\.weight$")
 

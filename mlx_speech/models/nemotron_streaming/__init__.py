@@ -9,21 +9,23 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, read_json
+from ...hub import read_json
 from ...nn import quant
+from ...text.context_graph import GraphCache
 from ...text.spm import SentencePieceDecoder
-from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
+from ...text.vocabulary import Vocabulary
+from ..asr import StreamingASR, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
+from ..loading import fill, read_weights, weight_files
+from ..nemo.checkpoint import read_archive
+from ..nemo.features import NemoLogMel
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
-from .features import NemoLogMel
 from .languages import Languages, check_language
 from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
-from .nemo import read_archive, read_nemo
+from .nemo import read_nemo
 from .session import Session, Transcript
 from .transducer import Model
 from .weights import is_nemo_mlx, remap, remap_nemo_mlx
@@ -59,6 +61,7 @@ class NemotronStreaming(StreamingASR):
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig, language: str | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.features = NemoLogMel(config.encoder.num_mel_bins)
         default = (config.encoder.default_right_context + 1) * FRAME_MS
         if default in self.latency.choices_ms:
@@ -95,23 +98,25 @@ class NemotronStreaming(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST, logprobs: bool = False,
-                language: str | None = None) -> Session:
+                boost: float | None = None, logprobs: bool = False,
+                language: str | None = None, *, vocabulary: Vocabulary | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms` is one of 80, 160, 560, 1120 (Nemotron 3.5 also 320; None: the model's
         default, 1120). `language` (Nemotron 3.5): a name of `languages` (`de-DE`, `de`, ...;
         case and `_` do not matter) or `auto` (the model detects it: `result().language`); None:
         the model's default (`auto` in the release).
-        `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
-        `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off). `logprobs`: keep
-        each token's log-probability (`result().logprobs`, `lp.take()`).
+        `vocabulary`: phrases to boost and their weight (NeMo's GPU-PB word boosting in
+        greedy decoding); `hotwords` (a list, or one comma-separated string) and `boost`
+        (default 1; 0: off) build one here instead. `logprobs`: keep each token's
+        log-probability (`result().logprobs`, `lp.take()`).
         """
-        return Session(self, latency_ms, hotwords, boost, logprobs, language)
+        return Session(self, latency_ms, session_vocabulary(vocabulary, hotwords, boost),
+                       logprobs, language)
 
-    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+    def booster(self, vocabulary: Vocabulary | None):
         """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
-        return make_booster(self, hotwords, boost, self.config.blank_id,
+        return make_booster(self.graphs, vocabulary, self.config.blank_id,
                             lambda p: [self.tokenizer.encode(p)])
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
@@ -133,14 +138,16 @@ class NemotronStreaming(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST,
-                   logprobs: bool = False, language: str | None = None) -> Transcript:
+                   hotwords=None, boost: float | None = None, logprobs: bool = False,
+                   language: str | None = None, *,
+                   vocabulary: Vocabulary | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session in the same latency mode and language, any chunking.
         """
-        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs, language),
-                               audio, sample_rate, progress)
+        session = self.session(latency_ms, hotwords, boost, logprobs, language,
+                               vocabulary=vocabulary)
+        return transcribe_with(session, audio, sample_rate, progress)
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
@@ -176,6 +183,8 @@ def check_options(configs: Path, language: str | None = None, **_) -> None:
 def folder_config(folder: Path) -> dict:
     """A folder's config.json as ours: mlx-audio's `nemotron_asr` layout translated, a
     transformers Nemotron 3.5's languages joined from processor_config.json."""
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder} has no config.json")
     c = read_json(folder / "config.json")
     if c.get("model_type") == "nemotron_asr":  # mlx-audio: NeMo sections, NeMo-named weights
         c = mlx_audio_config_json(c)
@@ -214,28 +223,17 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
         c = nemo_config_json(nemo_config)
         tokenizer = SentencePieceDecoder.from_model_bytes(tok)
     else:
-        if not (path / "config.json").exists():
-            raise CheckpointError(f"{path} has no config.json")
         c = folder_config(path)
-        files = sorted(path.glob("model*.safetensors"))
-        if not files:
-            raise CheckpointError(f"no safetensors weights in {path}")
+        files = weight_files(path)
         tokenizer = _read_tokenizer(path)
-        weights = load_safetensors(files)
-        converted = is_converted(files)  # already in our names
+        weights, converted = read_weights(files)
     config = NemotronStreamingConfig.from_hf(c)
     model = Model(config)
-    params = dict(tree_flatten(model.parameters()))
-    declared = None
-    if converted:
-        pass  # already in our names
-    elif is_nemo_mlx(weights):  # an MLX export with NeMo names (possibly quantized)
-        weights = remap_nemo_mlx(weights, set(params))
-        declared = quant.declared(c)
-    else:
-        weights = remap(weights, set(params))
-    load_strict(model, weights, path, dtype, quantize, group_size, keep_high_precision,
-                declared)
+    nemo_mlx = is_nemo_mlx(weights)  # an MLX export with NeMo names (possibly quantized)
+    fill(model, weights, path, converted=converted,
+         remap=remap_nemo_mlx if nemo_mlx else remap, dtype=dtype, quantize=quantize,
+         group_size=group_size, keep=keep_high_precision,
+         declared=quant.declared(c) if nemo_mlx else None)
     if config.num_prompts:
         from .multilingual import Nemotron35Streaming
 

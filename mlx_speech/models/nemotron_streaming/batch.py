@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from ...nn import ConvCache
+from ...nn import ConvCache, sampling
 from ...nn import boost as _boost
 from ..asr import CLEAR_CACHE_EVERY
 from .encoder import ContextKVCache, EncoderState, StridedConvCache
@@ -155,9 +155,9 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
         t0 = int(t.min())
         bias = _boost.bias(boosters, blank) if boosters else None
         logits = model.joint(frames[:, t0:], state.g[:, None])
-        ks = _boost.greedy_transducer(logits, bias, blank)
+        ks = sampling.greedy_transducer(logits, bias, blank)
         if logprobs is not None:
-            lp = _boost.chosen_logprob(logits, ks)
+            lp = sampling.chosen_logprob(logits, ks)
             mx.eval(ks, lp)
             lp = np.array(lp)
         ks = np.array(ks)

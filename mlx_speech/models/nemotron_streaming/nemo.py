@@ -1,70 +1,17 @@
-"""Read a NeMo `.nemo` archive without torch and without running pickled code.
-
-A `.nemo` file is a tar (plain or gzip) holding `model_config.yaml`,
-`model_weights.ckpt` (a torch.save zip of a plain state dict) and tokenizer
-artifacts named `<uuid>_tokenizer.model`. The state dict is read with
-`mlx_speech.torchfile`, which builds tensors and plain containers only and
-rejects any other pickled global. Keys are renamed to the transformers layout, so the
-rest of the loader is the HF path (`mlx_speech.convert.nemo` exports that folder).
+"""A Nemotron `.nemo` archive (read by `models/nemo/checkpoint.py`) as the transformers layout:
+its model_config.yaml as a `nemotron_asr_streaming` config.json, its keys renamed, so the rest of
+the loader is the HF path (`mlx_speech.convert.nemo` exports that folder).
 """
 
 from __future__ import annotations
 
-import re
-import tarfile
 from pathlib import Path
 
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...torchfile import load_torch
+from ..nemo.checkpoint import read_archive
 from .weights import hf_name
-
-
-def read_state_dict(data: bytes) -> dict[str, mx.array]:
-    """A torch.save zip archive of a flat name -> tensor dict, as MLX arrays."""
-    sd = load_torch(data, name="model_weights.ckpt")
-    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
-        sd = sd["state_dict"]
-    if not isinstance(sd, dict):
-        raise CheckpointError("model_weights.ckpt does not hold a state dict")
-    for k, v in sd.items():
-        if not isinstance(v, mx.array):
-            raise CheckpointError(f"model_weights.ckpt entry {k!r} is not a tensor")
-    return dict(sd)
-
-
-def _member(tar: tarfile.TarFile, pattern: str) -> tarfile.TarInfo | None:
-    for m in tar.getmembers():
-        if m.isfile() and re.fullmatch(pattern, Path(m.name).name):
-            return m
-    return None
-
-
-def read_archive(path: str | Path, weights: bool = True,
-                 tokenizer: bool = True) -> tuple[dict, dict[str, mx.array], bytes | None]:
-    """(model_config, the raw NeMo state dict ({} if not `weights`), tokenizer.model bytes or
-    None when not `tokenizer`) of any NeMo model archive."""
-    import yaml
-
-    path = Path(path)
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            cfg_m = _member(tar, r"model_config\.yaml")
-            w_m = _member(tar, r"model_weights\.ckpt")
-            tok_m = _member(tar, r"(.+_)?tokenizer\.model") if tokenizer else None
-            if cfg_m is None or w_m is None:
-                raise CheckpointError(f"{path} lacks model_config.yaml or model_weights.ckpt")
-            if tokenizer and tok_m is None:
-                raise CheckpointError(f"{path} has no SentencePiece tokenizer.model")
-            config = yaml.safe_load(tar.extractfile(cfg_m).read())
-            raw = tar.extractfile(w_m).read() if weights else None
-            tok = tar.extractfile(tok_m).read() if tok_m is not None else None
-    except (tarfile.TarError, OSError, yaml.YAMLError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: model_config.yaml is not a mapping")
-    return config, (read_state_dict(raw) if weights else {}), tok
 
 
 def read_nemo(path: str | Path, weights: bool = True) -> tuple[dict, dict[str, mx.array], bytes]:

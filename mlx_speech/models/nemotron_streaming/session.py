@@ -9,11 +9,12 @@ import numpy as np
 
 from ...text.spm import StreamingDecoder
 from .. import asr
-from ..asr import DEFAULT_BOOST, TokenLogprobs, Word, drain_cut, group_words
+from ..asr import TokenLogprobs, Word, drain_cut, group_words
+from ..nemo.features import StreamingNemoLogMel
 from .config import FRAME_MS
-from .features import StreamingNemoLogMel
 
 if TYPE_CHECKING:
+    from ...text.vocabulary import Vocabulary
     from . import NemotronStreaming
 
 
@@ -38,14 +39,14 @@ class Session:
     """
 
     def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None,
-                 hotwords=None, boost: float = DEFAULT_BOOST, logprobs: bool = False,
+                 vocabulary: Vocabulary | None = None, logprobs: bool = False,
                  language: str | None = None):
         self.owner, self.model = owner, owner.model
         # the language prompt's name and slot (None, None: a model without one)
         self.language, self.prompt = owner.resolve_language(language)
         self._detected: str | None = None  # the last language tag drained
         self.lp = TokenLogprobs() if logprobs else None  # the joint's log-softmax per token
-        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
+        self.booster = owner.booster(vocabulary)  # phrase boosting walk, or None
         cfg = owner.config
         self.right_context = cfg.right_context(latency_ms)
         self.latency_ms = (self.right_context + 1) * FRAME_MS

@@ -8,9 +8,9 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...nn.conformer import NEMO_CONFORMER_RENAMES
 from ...nn.quant import param_name
-from ..asr import raise_missing
+from ..loading import raise_missing
+from ..nemo.checkpoint import CONFORMER_RENAMES, renamed
 
 _CONV2D = re.compile(r"^encoder\.subsampling\.(conv_in|layers\.\d+\.depthwise_conv)\.weight$")
 _POINTWISE2D = re.compile(r"^encoder\.subsampling\.layers\.\d+\.pointwise_conv\.weight$")
@@ -80,7 +80,7 @@ def remap_nemo_mlx(weights: dict[str, mx.array], expected: set[str]) -> dict[str
 # NeMo (.nemo state dict) -> transformers, after the HF converter's table
 _RENAMES = [
     (r"^encoder\.pre_encode\.out\.", "encoder.subsampling.linear."),
-    *NEMO_CONFORMER_RENAMES,
+    *CONFORMER_RENAMES,
     (r"^decoder\.prediction\.embed\.", "decoder.embedding."),
     (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
     (r"^joint\.enc\.", "encoder_projector."),
@@ -106,6 +106,4 @@ def hf_name(key: str) -> str | None:
             raise CheckpointError(f"unexpected checkpoint key {key!r}")
         part = "depthwise_conv" if kind == 0 else "pointwise_conv"
         return f"encoder.subsampling.layers.{i}.{part}.{leaf}"
-    for pat, rep in _RENAMES:
-        key = re.sub(pat, rep, key)
-    return key
+    return renamed(key, _RENAMES)

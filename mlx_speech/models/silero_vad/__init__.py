@@ -22,12 +22,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted, read_manifest, weight_files
+from ...converted import weight_files
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, read_json
-from ..asr import load_strict, raise_unmatched
+from ..loading import fill, read_config, read_weights
 from .model import CONTEXT, FRAME, SAMPLE_RATE, SileroVAD, VADState
 from .onnxfile import read_onnx
 from .weights import remap
@@ -76,18 +74,13 @@ def wheel_weights() -> Path:
 def _folder_file(folder: Path) -> Path:
     """The one weights file of a folder: converted, mlx-community (config.json model_type
     silero_vad) or one holding Silero's file (e.g. the wheel's data folder)."""
-    if read_manifest(folder) is not None:
-        return weight_files(folder)[0]
-    cfg = folder / "config.json"
-    if cfg.exists():
-        kind = read_json(cfg).get("model_type")
-        if kind != MODEL_TYPE:
-            raise CheckpointError(f"{folder} holds a {kind!r} model, not {MODEL_TYPE}")
+    if (folder / "config.json").exists():  # converted or mlx-community
+        read_config(folder, MODEL_TYPE)
     else:
         for name in (WHEEL_FILE, WHEEL_PORT):  # Silero's own folder (the wheel's data/)
             if (folder / Path(name).name).is_file():
                 return folder / Path(name).name
-    files = sorted(folder.glob("*.safetensors"))
+    files = weight_files(folder) or sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
         what = "no" if not files else f"{len(files)}"
         raise CheckpointError(f"{folder}: {what} .safetensors files (expected one with the "
@@ -127,15 +120,11 @@ def load_vad(path: str | os.PathLike | None = None, *, dtype: mx.Dtype | None = 
                              "drop --quantize")
     file = _find(path)
     if file.suffix == ".onnx":  # Silero's release weights, read without onnx / onnxruntime
-        weights = remap({k: mx.array(v) for k, v in read_onnx(file).items()})
+        weights, converted = {k: mx.array(v) for k, v in read_onnx(file).items()}, False
     else:
-        weights = load_safetensors([file])
-        if not is_converted([file]):
-            weights = remap(weights)
+        weights, converted = read_weights([file])
     model = SileroVAD()
-    expected = {k for k, _ in tree_flatten(model.parameters())}
-    raise_unmatched(expected, weights, file)
-    load_strict(model, weights, file, dtype)
+    fill(model, weights, file, converted=converted, remap=lambda w, _: remap(w), dtype=dtype)
     return model
 
 

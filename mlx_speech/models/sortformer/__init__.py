@@ -7,15 +7,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from ...audio.io import check_audio, load_audio
-from ...converted import is_converted
-from ...errors import CheckpointError
-from ...hub import load_safetensors, read_json
-from ..asr import check_sessions, checked_pairs, load_strict
-from ..base import parameter_bytes
-from ..nemotron_streaming.features import NemoLogMel
+from ..base import check_sessions, checked_pairs, parameter_bytes
+from ..loading import fill, read_config, read_weights, weight_files
+from ..nemo.checkpoint import read_archive
+from ..nemo.features import NemoLogMel
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer
 from .session import Diarization, DiarizerSession, Segment, segments, speaker_at
@@ -157,26 +154,14 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     path = Path(path)
     converted = False
     if path.is_file() and path.suffix == ".nemo":
-        from ..nemotron_streaming.nemo import read_archive
-
         nemo_config, weights, _ = read_archive(path, tokenizer=False)
         config = SortformerConfig.from_nemo(nemo_config)
     else:
-        if not (path / "config.json").exists():
-            raise CheckpointError(f"{path} has no config.json")
-        c = read_json(path / "config.json")
-        if c.get("model_type") != "sortformer":
-            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, not sortformer")
-        config = SortformerConfig.from_mlx_audio(c)
-        files = sorted(path.glob("model*.safetensors"))
-        if not files:
-            raise CheckpointError(f"no safetensors weights in {path}")
-        weights = load_safetensors(files)
-        converted = is_converted(files)
+        config = SortformerConfig.from_mlx_audio(read_config(path, "sortformer"))
+        weights, converted = read_weights(weight_files(path))
     model = Sortformer(config)
-    if not converted:
-        weights = remap(weights, set(dict(tree_flatten(model.parameters()))))
-    load_strict(model, weights, path, dtype, quantize, group_size, _keep_high_precision)
+    fill(model, weights, path, converted=converted, remap=remap, dtype=dtype,
+         quantize=quantize, group_size=group_size, keep=_keep_high_precision)
     return SortformerDiarizer(model, config)
 
 

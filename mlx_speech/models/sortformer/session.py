@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..nemotron_streaming.features import StreamingNemoLogMel
+from ..nemo.features import StreamingNemoLogMel
 from .config import FRAME_S
 from .streaming import SUB, Chunk, StreamState, chunk_bounds
 

@@ -19,9 +19,20 @@ to the longest chunk, pre-encode the batch, gather [buffer rows in use, chunk fr
 fixed `(spkcache_len + fifo_len + chunk frames)` sequence right-padded with masked frames, run
 `Sortformer.infer`, then decide on the host (numpy, on the small probability arrays) which
 frames move where, and gather the new buffers. The decision logic follows NeMo's synchronous
-`streaming_update` and `_compress_spkcache` line for line; ties in its top-k selections are
-broken by frame order (NeMo leaves them to torch.topk; they only occur between -inf or +inf
-scores, whose choice does not change the result).
+`streaming_update` and `_compress_spkcache` line for line, except for one rule NeMo leaves
+open: equal scores in its top-k selections are ranked by index (`_ranked`), in the per-speaker
+boosts the earlier frame first, in the final selection over NeMo's speaker-major score table
+the lower speaker slot, then the earlier frame. NeMo leaves ties to `torch.topk`, whose choice
+is unspecified and differs by device; this rule is deterministic (a function of the scores and
+their indices, whatever order a sort lists ties in).
+
+Ties are not only between infinite scores (the silence slots, or -inf for non-speech): a frame
+two speakers share with equal probabilities has equal finite scores in both speakers' columns,
+and the frame can be kept twice, once per speaker. Where only one of the two copies fits, NeMo's
+CPU `torch.topk` can keep the other copy than this rule does, and the frame then sits in
+another speaker's part of the cache: on a 32 s four-voice clip with NeMo's streaming settings
+scaled down, 14 compressions met such ties, and NeMo's probabilities and ours were up to 0.15
+apart from the first of them on (docs/diarization.md, "Known differences").
 """
 
 from __future__ import annotations
@@ -106,11 +117,19 @@ def _scores(preds: np.ndarray, c: SortformerConfig) -> np.ndarray:
             - np.float32(math.log(0.5))).astype(np.float32)
 
 
+def _ranked(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Indices that order `values` along `axis` from the largest, equal values in index order:
+    decided by (value, index) pairs alone, so no sort's order of ties can change it."""
+    shape = [-1 if a == axis % values.ndim else 1 for a in range(values.ndim)]
+    idx = np.broadcast_to(np.arange(values.shape[axis]).reshape(shape), values.shape)
+    return np.lexsort((idx, -values), axis=axis)
+
+
 def _boost(scores: np.ndarray, n: int, scale: float) -> np.ndarray:
     """NeMo _boost_topk_scores: raise each speaker's n best scores by -scale*log(0.5)."""
     if n <= 0:
         return scores
-    order = np.argsort(-scores, axis=0, kind="stable")[:n]  # (n, n_spk)
+    order = _ranked(scores, axis=0)[:n]  # (n, n_spk)
     cols = np.broadcast_to(np.arange(scores.shape[1]), order.shape)
     scores = scores.copy()
     scores[order, cols] -= np.float32(scale * math.log(0.5))
@@ -140,7 +159,7 @@ def compress(preds: np.ndarray, c: SortformerConfig) -> tuple[np.ndarray, np.nda
         scores = np.concatenate([scores, np.full((sil, n_spk), np.inf, np.float32)])
     total = scores.shape[0]
     flat = scores.T.reshape(-1)  # speaker-major
-    top = np.argsort(-flat, kind="stable")[: c.spkcache_len]
+    top = _ranked(flat)[: c.spkcache_len]
     top = np.where(flat[top] == -np.inf, np.iinfo(np.int64).max, top)
     top = np.sort(top)
     disabled = top == np.iinfo(np.int64).max

@@ -14,9 +14,9 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...nn.conformer import NEMO_CONFORMER_RENAMES
 from ...nn.quant import param_name
-from ..asr import raise_missing
+from ..loading import raise_missing
+from ..nemo.checkpoint import CONFORMER_RENAMES, renamed
 
 _SKIP = re.compile(r"^preprocessor\.|\.num_batches_tracked$|^tf_encoder\.embed_positions\.")
 _POINTWISE = re.compile(r"(subsampling\.layers_[36]|conv\.pointwise_conv[12])\.weight$")
@@ -24,7 +24,7 @@ _RENAMES = [
     (r"^encoder\.pre_encode\.conv\.(\d+)\.", r"fc_encoder.subsampling.layers_\1."),
     (r"^encoder\.pre_encode\.out\.", "fc_encoder.subsampling.linear."),
     (r"^encoder\.layers\.", "fc_encoder.layers."),
-    *NEMO_CONFORMER_RENAMES,
+    *CONFORMER_RENAMES,
     (r"^transformer_encoder\.", "tf_encoder."),
     (r"\.first_sub_layer\.query_net\.", ".self_attn.q_proj."),
     (r"\.first_sub_layer\.key_net\.", ".self_attn.k_proj."),
@@ -43,9 +43,7 @@ def is_nemo(keys) -> bool:
 
 
 def nemo_name(key: str) -> str:
-    for pat, rep in _RENAMES:
-        key = re.sub(pat, rep, key)
-    return key
+    return renamed(key, _RENAMES)
 
 
 def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.array]:

@@ -8,23 +8,16 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
-from ...converted import is_converted
-from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, mistral_or_hf_layout, read_json
+from ...errors import MlxSpeechError
+from ...hub import read_json
 from ...nn import quant
+from ...text.context_graph import GraphCache
 from ...text.tekken import Tekken
-from ..asr import (
-    DEFAULT_BOOST,
-    StreamingASR,
-    Transcript,
-    Word,
-    load_strict,
-    make_booster,
-    transcribe_with,
-)
+from ...text.vocabulary import Vocabulary
+from ..asr import StreamingASR, Transcript, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
+from ..loading import fill, mistral_or_hf_layout, read_weights, weight_files
 from .config import FRAME_MS, VoxtralRealtimeConfig
 from .model import Model
 from .session import MAX_DELAY_MS, Session, feed_batch, finish_batch
@@ -56,6 +49,7 @@ class VoxtralRealtime(StreamingASR):
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig,
                  kv_bits: int | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.kv_bits = kv_bits  # 8: every session's KV cache 8-bit
         self.latency = replace(self.latency, default_ms=config.audio.delay_ms)
         self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
@@ -69,21 +63,23 @@ class VoxtralRealtime(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST, logprobs: bool = False, *,
-                delay_ms: int | None = None) -> Session:
+                boost: float | None = None, logprobs: bool = False, *,
+                vocabulary: Vocabulary | None = None, delay_ms: int | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
         `latency_ms`: the transcription delay, a multiple of 80 ms (None: the model's default);
-        `delay_ms` is its older name. `hotwords`: phrases to boost (a list, or one
-        comma-separated string) with weight `boost` (a context graph over their Tekken ids; 0:
-        off). `logprobs`: keep each token's log-probability (`result().logprobs`, `lp.take()`)."""
-        return Session(self, _latency(latency_ms, delay_ms), hotwords, boost, logprobs)
+        `delay_ms` is its older name. `vocabulary`: phrases to boost and their weight (a
+        context graph over their Tekken ids); `hotwords` (a list, or one comma-separated
+        string) and `boost` (default 1; 0: off) build one here instead. `logprobs`: keep each
+        token's log-probability (`result().logprobs`, `lp.take()`)."""
+        return Session(self, _latency(latency_ms, delay_ms),
+                       session_vocabulary(vocabulary, hotwords, boost), logprobs)
 
-    def booster(self, hotwords, boost: float = DEFAULT_BOOST):
+    def booster(self, vocabulary: Vocabulary | None):
         """A phrase-boosting walk over each phrase's Tekken ids after a space and at the
         start of the text; special tokens (pads, word markers) leave its state alone."""
         tk = self.tokenizer
-        return make_booster(self, hotwords, boost, self.config.decoder.vocab_size,
+        return make_booster(self.graphs, vocabulary, self.config.decoder.vocab_size,
                             lambda p: [tk.encode(" " + p), tk.encode(p)], tk.is_special)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
@@ -95,15 +91,17 @@ class VoxtralRealtime(StreamingASR):
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
-                   hotwords=None, boost: float = DEFAULT_BOOST,
-                   logprobs: bool = False, *, delay_ms: int | None = None) -> Transcript:
+                   hotwords=None, boost: float | None = None, logprobs: bool = False, *,
+                   vocabulary: Vocabulary | None = None,
+                   delay_ms: int | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
         The same tokens as a live session with any chunking; `progress(done_s,
         total_s)` is called every few seconds of audio.
         """
-        return transcribe_with(self.session(_latency(latency_ms, delay_ms), hotwords, boost,
-                                            logprobs), audio, sample_rate, progress)
+        session = self.session(_latency(latency_ms, delay_ms), hotwords, boost, logprobs,
+                               vocabulary=vocabulary)
+        return transcribe_with(session, audio, sample_rate, progress)
 
 
 def _latency(latency_ms: int | None, delay_ms: int | None) -> int | None:
@@ -119,17 +117,9 @@ def _read_config(folder: Path) -> tuple[VoxtralRealtimeConfig, list[Path]]:
     if not (folder / "params.json").exists() and cfg.exists():
         c = read_json(cfg)
         if "multimodal" in c:  # voxmlx: params.json saved as config.json (+ quantization)
-            config = VoxtralRealtimeConfig.from_params(c)
-        elif "encoder_args" in c or "decoder" in c:
-            config = VoxtralRealtimeConfig.from_mlx_audio(c)
-        else:
-            return mistral_or_hf_layout(folder, "voxtral_realtime",
-                                        VoxtralRealtimeConfig.from_params,
-                                        VoxtralRealtimeConfig.from_hf)
-        files = sorted(folder.glob("model*.safetensors"))
-        if not files:
-            raise CheckpointError(f"no safetensors weights in {folder}")
-        return config, files
+            return VoxtralRealtimeConfig.from_params(c), weight_files(folder)
+        if "encoder_args" in c or "decoder" in c:
+            return VoxtralRealtimeConfig.from_mlx_audio(c), weight_files(folder)
     return mistral_or_hf_layout(folder, "voxtral_realtime",
                                 VoxtralRealtimeConfig.from_params, VoxtralRealtimeConfig.from_hf)
 
@@ -189,23 +179,13 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None
                                             config.decoder.sliding_window)
     config.encoder.sliding_window = _window("encoder_window", encoder_window,
                                             config.encoder.sliding_window)
-    tek = folder / "tekken.json"
-    if not tek.exists():
-        raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
-    tokenizer = Tekken.from_file(tek)
+    tokenizer = Tekken.from_folder(folder)
     config.apply_tekken_audio(tokenizer.audio)
-    raw = load_safetensors(files)
-    config.layout = _weights_layout(raw, config.layout)
+    weights, converted = read_weights(files)
+    config.layout = _weights_layout(weights, config.layout)
     model = Model(config)
-    expected = {k for k, _ in tree_flatten(model.parameters())}
-    converted = is_converted(files)  # already in our names, dtypes and quantization
-    weights = raw
-    if not converted:
-        try:
-            weights = remap(raw, config, expected)
-        except (ValueError, TypeError) as e:
-            raise CheckpointError(f"{folder}: {e}") from None
-    del raw  # on-the-fly quantization frees each tensor once quantized
-    load_strict(model, weights, folder, dtype, quantize, group_size, keep_high_precision,
-                None if converted else quant.declared(folder / "config.json"))
+    fill(model, weights, folder, converted=converted,
+         remap=lambda w, expected: remap(w, config, expected), dtype=dtype, quantize=quantize,
+         group_size=group_size, keep=keep_high_precision,
+         declared=quant.declared(folder / "config.json"))
     return VoxtralRealtime(model, tokenizer, config, kv_bits)

@@ -15,13 +15,12 @@ import mlx.core as mx
 import numpy as np
 
 from ...audio.mel import LogMel, StreamingLogMel
-from ...nn import ConvCache, RingBatch, stack_rows
+from ...nn import ConvCache, RingBatch, sampling, stack_rows
 from ...nn import boost as _boost
 from ...nn.cache import fixed_shapes
 from ...text.tekken import StreamingDetokenizer
 from ..asr import (
     CLEAR_CACHE_EVERY,
-    DEFAULT_BOOST,
     TokenLogprobs,
     Transcript,
     Word,
@@ -32,6 +31,7 @@ from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPL
 from .model import EncoderState
 
 if TYPE_CHECKING:
+    from ...text.vocabulary import Vocabulary
     from . import VoxtralRealtime
 
 ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
@@ -51,11 +51,11 @@ class Session:
     chunk is bounded (ring KV caches, conv tails, consumed audio dropped).
     """
 
-    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None, hotwords=None,
-                 boost: float = DEFAULT_BOOST, logprobs: bool = False):
+    def __init__(self, owner: VoxtralRealtime, delay_ms: int | None = None,
+                 vocabulary: Vocabulary | None = None, logprobs: bool = False):
         cfg = owner.config
         self.lp = TokenLogprobs() if logprobs else None  # log-softmax of each token
-        self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
+        self.booster = owner.booster(vocabulary)  # phrase boosting walk, or None
         self.owner, self.model, self.tokenizer = owner, owner.model, owner.tokenizer
         a = cfg.audio
         self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
@@ -302,8 +302,8 @@ def choose(owner: VoxtralRealtime, rows: list[Session], logits: mx.array, booste
         pad = [None] * (logits.shape[0] - len(rows))
         bias = _boost.bias([s.booster for s in rows] + pad, owner.config.decoder.vocab_size,
                            logits.dtype)
-    tok = _boost.greedy(logits, bias)
-    lp = _boost.chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
+    tok = sampling.greedy(logits, bias)
+    lp = sampling.chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
     mx.async_eval(tok, *([] if lp is None else [lp]))
     return tok, lp
 

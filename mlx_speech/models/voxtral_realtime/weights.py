@@ -8,7 +8,7 @@ import mlx.core as mx
 
 from ...errors import CheckpointError
 from ...nn import quant
-from ..asr import raise_missing
+from ..loading import raise_missing
 from .config import VoxtralRealtimeConfig
 
 _MISTRAL_PREFIXES = ("mm_streams_embeddings.embedding_module.", "mm_whisper_embeddings.")

@@ -8,16 +8,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from ...audio.clip import Audio
-from ...converted import is_converted
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import load_safetensors, mistral_or_hf_layout
 from ...nn import quant
 from ...text.tekken import Tekken
-from ..asr import load_strict
 from ..base import parameter_bytes
+from ..loading import fill, mistral_or_hf_layout, parameter_names, read_weights
 from .config import VoxtralTTSConfig
 from .model import Model
 from .session import MAX_FRAMES, PAUSE_S, Session, default_max_frames, step_many
@@ -226,11 +223,6 @@ def _read_pieces(pieces: Iterable[str], s: Session) -> None:
         s.fail(e)
 
 
-def _read_config(folder: Path) -> tuple[VoxtralTTSConfig, list[Path]]:
-    return mistral_or_hf_layout(folder, "voxtral_tts",
-                                VoxtralTTSConfig.from_params, VoxtralTTSConfig.from_mlx_audio)
-
-
 def keep_high_precision(path: str, module) -> bool:
     """What on-the-fly quantization leaves in full precision (as mlx-audio's converter and the
     mlx-community 4/6-bit releases do): the codec (`audio_tokenizer`: small, runs once per
@@ -255,16 +247,14 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
     `compile`: mx.compile the per-frame flow head.
     """
     folder = Path(folder)
-    config, files = _read_config(folder)
+    config, files = mistral_or_hf_layout(folder, "voxtral_tts", VoxtralTTSConfig.from_params,
+                                         VoxtralTTSConfig.from_mlx_audio)
     config.codec.alibi = alibi
     config.codec.__post_init__()
-    tek = folder / "tekken.json"
-    if not tek.exists():
-        raise CheckpointError(f"{folder} has no tekken.json (the Voxtral tokenizer)")
-    tokenizer = Tekken.from_file(tek)
-    converted = is_converted(files)  # already in our names and dtypes
-    weights, origin = ((load_safetensors(files), "converted") if converted
-                       else remap(load_safetensors(files), config))
+    tokenizer = Tekken.from_folder(folder)
+    weights, converted = read_weights(files)  # converted: in our names and dtypes already
+    if not converted:  # remapped before the model is built: its table sizes come from them
+        weights, origin = remap(weights, config)
     try:  # table sizes come from the weights (tiny configs round differently)
         config.backbone.vocab_size = weights["tok_embeddings.weight"].shape[0]
         config.audio_table_rows = weights["audio_codebook_embeddings.embeddings.weight"].shape[0]
@@ -274,12 +264,12 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
         raise CheckpointError(f"{folder}: checkpoint is missing {e.args[0]!r}") from None
     model = Model(config)
     if not converted:
-        check_keys(weights, origin, {k for k, _ in tree_flatten(model.parameters())})
+        check_keys(weights, origin, parameter_names(model))
     if dtype is not None:
         weights = {k: v if ".quantizer." in k or not mx.issubdtype(v.dtype, mx.floating)
                    else v.astype(dtype) for k, v in weights.items()}
-    load_strict(model, weights, folder, None, quantize, group_size, keep_high_precision,
-                quant.declared(folder / "config.json"))
+    fill(model, weights, folder, converted=converted, quantize=quantize, group_size=group_size,
+         keep=keep_high_precision, declared=quant.declared(folder / "config.json"))
     voices = Voices(folder / "voice_embedding",
                     tokenizer.audio.get("voice_num_audio_tokens"), config.backbone.dim)
     return VoxtralTTS(model, tokenizer, voices, first_frame, compile)

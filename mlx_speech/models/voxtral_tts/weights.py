@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from ...errors import CheckpointError
 from ...nn.quant import param_name
-from ..asr import raise_missing
+from ..loading import raise_missing
 from .config import VoxtralTTSConfig
 from .model import inv_freq_formula
 

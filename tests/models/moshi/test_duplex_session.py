@@ -13,6 +13,7 @@ from mlx_speech.errors import AudioError, CheckpointError, MlxSpeechError
 from tests.support.moshi import (
     DELAYS,
     GOLDEN,
+    VOICE_CACHE,
     build_random_lm,
     kyutai_weights,
     random_lm_kwargs,
@@ -37,7 +38,7 @@ def persona(tmp_path_factory):
     d = write_folder(tmp_path_factory.mktemp("pp") / "pp", kw, GOLDEN / "tiny_pp.safetensors")
     (d / "voices").mkdir()
     rng = np.random.default_rng(0)
-    cache = np.full((1, 17, 4), 2048, np.int64)
+    cache = VOICE_CACHE
     save_file({"embeddings": (0.1 * rng.standard_normal((3, 1, 1, 16))).astype(np.float32),
                "cache": cache}, str(d / "voices" / "NATF0.safetensors"))
     return moshi.load(d)

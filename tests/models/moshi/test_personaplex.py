@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.hub import load_safetensors
+from mlx_speech.models.loading import load_safetensors
 from mlx_speech.models.moshi import LmConfig, PersonaPlexGen, Sampling, build_lm
 from mlx_speech.models.moshi.personaplex import (
     VoicePrompt,

@@ -15,8 +15,8 @@ import pytest
 
 from mlx_speech.convert.nemo import convert_nemo
 from mlx_speech.errors import CheckpointError
+from mlx_speech.models.nemo.checkpoint import read_state_dict
 from mlx_speech.models.nemotron_streaming import load
-from mlx_speech.models.nemotron_streaming.nemo import read_state_dict
 from mlx_speech.models.nemotron_streaming.weights import hf_name
 from tests.support import nemo as nemo_helpers
 from tests.support.nemo import nemo_config

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import AudioError, CheckpointError, MlxSpeechError
+from mlx_speech.models.nemo.features import NemoLogMel, StreamingNemoLogMel
 from mlx_speech.models.nemotron_streaming import load
-from mlx_speech.models.nemotron_streaming.features import NemoLogMel, StreamingNemoLogMel
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "nemotron"
 MODES = {1120: 13, 560: 6, 160: 1, 80: 0}  # latency ms -> right context

@@ -20,7 +20,9 @@ import soundfile as sf
 from mlx_speech.errors import CheckpointError
 from mlx_speech.models import sortformer
 from mlx_speech.models.sortformer import streaming as streaming_mod
+from mlx_speech.models.sortformer.config import SortformerConfig
 from mlx_speech.models.sortformer.weights import nemo_name, remap
+from tests.support.gpu_emulation import TieOrderNumpy
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "sortformer"
 NEMO = GOLDEN / "tiny.nemo"
@@ -197,8 +199,53 @@ def test_compression_keeps_speakers_in_arrival_order(model):
     assert len(kept) and (kept < n).all()
 
 
+def _tie_config():
+    """Two speakers, a 6-frame cache (one silence slot per speaker) and no boosts, so the
+    selection is the scores' own top 6 (min_pos large: no score is replaced by -inf)."""
+    return SortformerConfig(
+        n_spk=2, spkcache_len=6, spkcache_sil_frames_per_spk=1, strong_boost_rate=0.0,
+        weak_boost_rate=0.0, min_pos_scores_rate=10.0, scores_boost_latest=0.0).check()
+
+
+@pytest.mark.parametrize("order", ["stable", "reversed"])
+def test_compression_ties_keep_the_lower_speakers_copy_of_a_shared_frame(monkeypatch, order):
+    """A frame both speakers hold with equal probabilities has equal finite scores in both
+    speakers' columns; with one place left, the rule keeps the lower speaker slot's copy,
+    whatever order a sort lists the tie in (NeMo leaves it to torch.topk: docs/diarization.md,
+    known differences)."""
+    c = _tie_config()
+    preds = np.full((7, 2), 0.05, np.float32)
+    preds[0, 0] = preds[1, 1] = preds[2, 1] = 0.9  # one speaker each: positive scores
+    preds[4] = [0.8, 0.8]  # both speakers, equally: two equal finite (negative) scores
+    scores = streaming_mod._scores(preds, c)
+    assert np.isfinite(scores[4]).all() and scores[4, 0] == scores[4, 1] < 0
+    monkeypatch.setattr(streaming_mod, "np", TieOrderNumpy(order))
+    frames, disabled = streaming_mod.compress(preds, c)
+    # slots grouped by speaker (time order within): speaker 0 keeps frames 0 and 4 and its
+    # silence slot, speaker 1 frames 1, 2 and its silence slot; frame 4 is not kept twice
+    assert frames.tolist() == [0, 4, 0, 1, 2, 0]
+    assert disabled.tolist() == [False, False, True, False, False, True]
+
+
+def test_compression_does_not_depend_on_the_order_of_ties(monkeypatch):
+    """Coarse probabilities (ties everywhere, in the boosts and in the final selection, finite
+    and infinite): the same cache under any tie order of the host's sorts."""
+    model_config = SortformerConfig(n_spk=4, spkcache_len=24, spkcache_sil_frames_per_spk=2).check()
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        preds = (rng.integers(0, 5, (40, 4)) / 4).astype(np.float32)
+        preds[rng.integers(0, 40, 6)] = preds[rng.integers(0, 40, 6)]  # repeated rows too
+        got = []
+        for order in ("stable", "reversed"):
+            monkeypatch.setattr(streaming_mod, "np", TieOrderNumpy(order))
+            got.append(streaming_mod.compress(preds, model_config))
+        monkeypatch.undo()
+        for a, b in zip(*got, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"trial {trial}")
+
+
 def _nemo_state(model):
-    from mlx_speech.models.nemotron_streaming.nemo import read_archive
+    from mlx_speech.models.nemo.checkpoint import read_archive
 
     _, sd, _ = read_archive(NEMO, tokenizer=False)
     return sd

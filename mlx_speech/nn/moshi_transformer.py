@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.cache import SlidingKVCache
+from .cache import SlidingKVCache
 
 _NORMS = ("layer_norm", "rms_norm", "rms_norm_f32")
 _UNBOUNDED = 2**31 - 1
@@ -162,10 +162,10 @@ class TransformerState:
     def mask(self, length: int) -> mx.array | str | None:
         """Boolean (length, attended slots) mask for the next `length` queries; None if all
         visible, "causal" if the window does not bind yet (the forms the fused GPU kernels
-        take). The slots are the ring's (`SlidingKVCache._attended`: every allocated one with
+        take). The slots are the ring's (`SlidingKVCache.attended`: every allocated one with
         fixed shapes, so a stream reuses a few shapes)."""
         end = self.offset + length
-        n = self.layers[0]._attended(end)
+        n = self.layers[0].attended(end)
         if length == 1 and min(end, self.capacity) >= n and n <= self.window:
             return None
         if end == n <= min(self.capacity, self.window):

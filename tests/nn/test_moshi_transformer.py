@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_speech.models.moshi.transformer import (
+from mlx_speech.nn.moshi_transformer import (
     TransformerConfig,
     remap_checkpoint,
 )

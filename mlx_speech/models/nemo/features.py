@@ -1,4 +1,5 @@
-"""NeMo FilterbankFeatures (inference settings) with an exact streaming form.
+"""NeMo's FilterbankFeatures (inference settings) with an exact streaming form: the mel front end
+of every NeMo family here (Nemotron ASR, Sortformer diarization).
 
 Pre-emphasis 0.97, centred STFT (n_fft 512, constant zero padding), symmetric
 400-sample Hann, power spectrum, Slaney mel, log(mel + 2^-24), no normalisation.
@@ -12,8 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...audio.mel import SparseFilterbank, mel_filters
-from .config import HOP, N_FFT, PREEMPHASIS, SAMPLE_RATE, WIN
 
+SAMPLE_RATE = 16_000
+HOP = 160
+N_FFT = 512
+WIN = 400
+PREEMPHASIS = 0.97
 LOG_GUARD = 2.0**-24
 
 
