@@ -16,7 +16,6 @@ from ..nn import quant
 from ..text.context_graph import DEFAULT_BOOST  # noqa: F401 (re-exported to the models)
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
-CLEAR_CACHE_EVERY = 256  # batched steps between mx.clear_cache calls (every streaming model)
 
 
 @dataclass

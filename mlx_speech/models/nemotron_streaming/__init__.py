@@ -15,11 +15,11 @@ from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
 from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
-from . import batch
 from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
 from .session import Session, Transcript
+from .step import Steps
 from .transducer import Model
 from .weights import is_nemo_mlx, remap, remap_nemo_mlx
 
@@ -47,7 +47,7 @@ class NemotronStreaming(StreamingASR):
                  config: NemotronStreamingConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.features = NemoLogMel(config.encoder.num_mel_bins)
-        self._calls = 0  # batched encoder calls, for periodic mx.clear_cache
+        self.steps = Steps(model)  # the batched step every session goes through
 
     @property
     def sample_rate(self) -> int:
@@ -71,7 +71,7 @@ class NemotronStreaming(StreamingASR):
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
         mels = [s.mel.feed(x) for s, x in zip(sessions, audios, strict=True)]
-        return batch.run(self, sessions, [m if len(m) else None for m in mels], final=False)
+        return self.steps.run(sessions, [m if len(m) else None for m in mels], final=False)
 
     def _finish_batch(self, sessions: list[Session]) -> list[str]:
         live = [s for s in sessions if not s.finished]
@@ -80,8 +80,8 @@ class NemotronStreaming(StreamingASR):
             s.finished = True
             mel = s.mel.finish()
             mels.append(mel if s.mel.emitted else None)
-        texts = batch.run(self, live, mels, final=True)
-        out = {id(s): t + s._detok.flush() for s, t in zip(live, texts, strict=True)}
+        texts = self.steps.run(live, mels, final=True)
+        out = {id(s): t + s.detok.flush() for s, t in zip(live, texts, strict=True)}
         mx.clear_cache()
         return [out.get(id(s), "") for s in sessions]
 

@@ -32,19 +32,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ..stepper import Batch
 from .config import SortformerConfig
 from .model import Sortformer, conv_out_len
 
 SUB = 8  # mel frames per diarization frame
-# Pad a step's batch to a power of two with copies of its first row (dropped after the step):
-# GPU backends build a graph per input shape, so a server's changing stream count then reuses a
-# few shapes (as Nemotron's batches do). On the CPU a padded row costs a real one: None = GPU only.
-PAD_BATCH: bool | None = None
-
-
-def _padded(n: int) -> int:
-    on = PAD_BATCH if PAD_BATCH is not None else mx.default_device().type == mx.DeviceType.gpu
-    return 1 << (n - 1).bit_length() if on else n
 
 
 @dataclass
@@ -149,16 +141,13 @@ def compress(preds: np.ndarray, c: SortformerConfig) -> tuple[np.ndarray, np.nda
     return np.where(disabled, 0, frames), disabled
 
 
-def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
+def step(model: Sortformer, config: SortformerConfig, batch: Batch[StreamState],
          chunks: list[Chunk]) -> list[np.ndarray]:
-    """Advance each stream by one chunk (one batched network call); returns each chunk's
-    speaker probabilities (its `chunk` frames, n_spk) as float32 numpy."""
+    """Advance each stream of `batch` by one chunk (one network call over the batch's rows,
+    the padding rows' outputs dropped); returns each chunk's speaker probabilities (its
+    `chunk` frames, n_spk) as float32 numpy."""
     c = config
-    n_real = len(states)
-    pad = _padded(n_real) - n_real  # padded rows repeat row 0; their outputs are dropped
-    if pad:
-        states = list(states) + [states[0]] * pad
-        chunks = list(chunks) + [chunks[0]] * pad
+    states, chunks = batch.rows, batch.padded(chunks)
     B = len(states)
     rows = states[0].buffer.shape[0]
     lc_max, rc_max = c.chunk_left_context, c.chunk_right_context
@@ -185,8 +174,8 @@ def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
         lengths[b] = n
     x = mx.take_along_axis(src, mx.array(gather)[..., None], axis=1)
     probs = model.infer(x, mx.array(lengths))
-    if pad:
-        states, chunks, B = states[:n_real], chunks[:n_real], n_real
+    if batch.size > batch.n:
+        states, chunks, B = batch.streams, chunks[:batch.n], batch.n
         probs, src, emb_len = probs[:B], src[:B], emb_len[:B]
     mx.eval(probs, src)
     probs_np = np.array(probs.astype(mx.float32))

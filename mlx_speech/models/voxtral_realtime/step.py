@@ -1,0 +1,196 @@
+"""Voxtral Realtime's batched step (through the one stepper, `models/stepper.py`).
+
+One tick (`Steps.feed`) runs batched encoder chunks, then batched decoder steps: each step
+stacks the sessions that have a position ready on the batch axis, with per-row ring caches,
+RoPE clocks, masks, re-anchoring, conv tails and delay conditioning. A lone session is a
+batch of one (the same code).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ...nn import ConvCache, RingBatch, stack_rows
+from ...nn import boost as _boost
+from ..stepper import Batch, Stepper, chunk_size
+from .config import MEL_PER_TOKEN, VoxtralRealtimeConfig
+from .model import EncoderState, Model
+from .session import Session
+
+
+class Steps:
+    """The family's step over a loaded model: `feed` / `finish` advance sessions together."""
+
+    def __init__(self, model: Model, config: VoxtralRealtimeConfig):
+        self.model, self.config = model, config
+        self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
+        self.encoder = Stepper(self._encode)  # one group: every session with mel queued
+        self.prompts = Stepper(self._prefill, key=lambda s, length: length)
+        self.decoder = Stepper(self._decode)
+
+    # -- encoder ------------------------------------------------------------------
+    def _encode(self, batch: Batch[Session], _items) -> list[None]:
+        """The next whole tokens of every row's queued mel through the encoder (with fixed
+        shapes a power-of-two number of tokens, whatever the feed sizes)."""
+        streams = batch.streams
+        n = chunk_size(min(min(len(s.mel_todo) for s in streams) // MEL_PER_TOKEN,
+                           streams[0].enc_chunk_tokens))
+        F = n * MEL_PER_TOKEN
+        mel = batch.stack_host([s.mel_todo[:F] for s in streams])
+        states = [s.enc_state for s in streams]
+        conv = []
+        for j in range(len(states[0].conv)):
+            c = ConvCache()
+            c.tail = batch.stack([st.conv[j].tail for st in states])
+            conv.append(c)
+        kv = [RingBatch.gather([st.kv[j] for st in states], size=batch.size)
+              for j in range(len(states[0].kv))]
+        state = EncoderState(conv, kv)
+        emb = self.model.embed_audio(mel, state)
+        mx.async_eval(emb, state.arrays())
+        tails = [batch.rows_of(c.tail) for c in state.conv]
+        for i, (s, e) in enumerate(zip(streams, batch.rows_of(emb), strict=True)):
+            s.add_audio(e, n)
+            for c, t in zip(s.enc_state.conv, tails, strict=True):
+                c.tail = t[i]
+        return [None] * batch.n
+
+    def encode(self, sessions: list[Session]) -> None:
+        """Run every queued whole token of mel through the encoder, batched."""
+        self.encoder.run(sessions, lambda s: True if len(s.mel_todo) else None)
+
+    # -- decoder ------------------------------------------------------------------
+    def _scales(self, rows: list[Session]) -> list[mx.array]:
+        """Per-layer ffn scales of the rows: shared when every row has the same delay."""
+        key = tuple(s.n_delay for s in rows)
+        if all(k == key[0] for k in key):
+            return rows[0].ffn_scales
+        cache = self._scale_stacks
+        if key not in cache:
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = [mx.concatenate([s.ffn_scales[j] for s in rows])[:, None]
+                          for j in range(len(rows[0].ffn_scales))]
+        return cache[key]
+
+    def choose(self, rows: list[Session], logits: mx.array, boosted: bool):
+        """The next token of each row from its (B, vocab) logits: the one place a decoder step
+        turns logits into tokens (rows past len(rows) are padding). Greedy, after each row's
+        phrase-boosting bias when `boosted`; with the chosen tokens' logprobs (the model's own
+        log-softmax) when a row asked. Both are queued for evaluation."""
+        bias = None
+        if boosted:
+            pad = [None] * (logits.shape[0] - len(rows))
+            bias = _boost.bias([s.booster for s in rows] + pad, self.config.decoder.vocab_size,
+                               logits.dtype)
+        tok = _boost.greedy(logits, bias)
+        lp = _boost.chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
+        mx.async_eval(tok, *([] if lp is None else [lp]))
+        return tok, lp
+
+    def _forward(self, batch: Batch[Session], tokens: mx.array, audio: mx.array,
+                 out: dict[int, str] | None = None):
+        """One decoder forward of the batch's rows: (size, L) tokens and (size, L, dim) audio
+        -> the next token of each row and their logprobs (or None), queued for evaluation.
+        The rows' unread tokens are read into `out` while this step runs (before choosing,
+        when a row boosts phrases: the bias needs them)."""
+        m, rows = self.model, batch.streams
+        caches = [RingBatch.gather([s.dec_cache[j] for s in rows], size=batch.size)
+                  for j in range(len(m.layers))]
+        h = m.hidden(tokens, audio, self._scales(batch.rows), caches)
+        logits = m.logits(h[:, -1])  # only the last position needs the (vocab-sized) head
+        boosted = any(s.booster for s in rows)
+        if boosted and out is not None:  # the phrase bias needs the unread tokens: read first
+            mx.async_eval(logits)
+            read_emit(rows, out)
+        nxt = self.choose(rows, logits, boosted)  # step p+1 runs while step p's are read
+        if out is not None:
+            read_emit(rows, out)
+        return nxt
+
+    def _prefill(self, batch: Batch[Session], lengths: list[int]) -> list[str]:
+        """The prompt of every row (one prompt length per batch), at position 0."""
+        P = lengths[0]
+        streams = batch.streams
+        audio = batch.stack([s.take_audio(0, P) for s in streams])
+        tokens = mx.array(batch.padded([s.prompt for s in streams]))
+        last, lp = self._forward(batch, tokens, audio)
+        for i, s in enumerate(streams):
+            s.last, s.unread = (last, i), (last, lp, i)
+            s.position = P
+        return [""] * batch.n
+
+    def _decode(self, batch: Batch[Session], _positions) -> list[str]:
+        """One position of every row: its last token and its audio embedding."""
+        rows, size = batch.streams, batch.size
+        refs = [s.last for s in rows]
+        a0 = refs[0][0]
+        if a0.shape[0] == size and all(a is a0 and j == i for i, (a, j) in enumerate(refs)):
+            refs += [(a0, i) for i in range(batch.n, size)]  # the last step's padding
+        else:
+            refs = batch.padded(refs)
+        tokens = stack_rows(refs)
+        audio = batch.stack([s.take_audio(s.position, s.position + 1) for s in rows])
+        out: dict[int, str] = {}
+        nxt, lp = self._forward(batch, tokens[:, None], audio, out)
+        for i, s in enumerate(rows):
+            s.position += 1
+            s.last, s.unread = (nxt, i), (nxt, lp, i)
+        return [out.get(id(s), "") for s in rows]
+
+    def decode(self, sessions: list[Session], limits: list[int]) -> list[str]:
+        """Feed every position < min(limit, positions with audio) of each session, in
+        batched steps; returns each session's new text."""
+        end = {id(s): min(lim, s.n_audio) for s, lim in zip(sessions, limits, strict=True)}
+        # prompt prefill for sessions that reached it, batched by prompt length
+        self.prompts.run(sessions, lambda s: len(s.prompt) if (
+            s.last is None and not s.done and end[id(s)] >= len(s.prompt)) else None)
+        texts = self.decoder.run(sessions, lambda s: s.position if (
+            s.last is not None and not s.done and s.position < end[id(s)]) else None)
+        out = {id(s): "".join(texts[id(s)]) for s in sessions}
+        read_emit([s for s in sessions if not s.done], out)
+        for s in sessions:
+            s.unread = None
+        return [out[id(s)] for s in sessions]
+
+    # -- a tick -------------------------------------------------------------------
+    def feed(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
+        for s, x in zip(sessions, audios, strict=True):
+            s.take_samples(x)
+        live = [s for s in sessions if not s.done]  # after EOS the audio is not needed
+        self.encode(live)
+        texts = dict(zip(map(id, live), self.decode(live, [s.n_audio for s in live]),
+                         strict=True))
+        return [texts.get(id(s), "") for s in sessions]
+
+    def finish(self, sessions: list[Session]) -> list[str]:
+        live = [s for s in sessions if not s.finished]
+        limits = [s.take_end() for s in live]
+        self.encode([s for s in live if not s.done])
+        texts = self.decode(live, limits)
+        out = {id(s): t + s.detok.flush() for s, t in zip(live, texts, strict=True)}
+        mx.clear_cache()
+        return [out.get(id(s), "") for s in sessions]
+
+
+def _read(rows: list[Session], k: int = 0) -> list:
+    """The unread token (k=1: its logprob, None when not computed) of each row: one host
+    read per batched array."""
+    lists: dict[int, list] = {}
+    out = []
+    for s in rows:
+        a, i = s.unread[k], s.unread[-1]
+        if a is not None and id(a) not in lists:
+            lists[id(a)] = a.tolist()
+        out.append(None if a is None else lists[id(a)][i])
+    return out
+
+
+def read_emit(rows: list[Session], out: dict[int, str]) -> None:
+    """Read the rows' unread tokens (one host read per batched array), emit them, and add
+    each row's new text to out[id(row)]."""
+    unread = [s for s in rows if s.unread is not None]
+    for s, tok, lp in zip(unread, _read(unread), _read(unread, 1), strict=True):
+        out[id(s)] = out.get(id(s), "") + s.emit(tok, lp)
+        s.unread = None
