@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,7 @@ FAMILIES = {"voxtral": voxtral, "nemotron": nemotron, "sortformer": sortformer}
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="main", help="the git revision to compare against")
     ap.add_argument("--models", default=",".join(FAMILIES))
