@@ -12,6 +12,10 @@ in (sources: ../shared/research/mlx-backends.md, MLX 0.32 kernels):
   GPU") raises here when it is created: constructor, `astype`, `view`, every `mx.*` function.
 * `gpu_order`: `mx.argpartition` / `mx.partition` / `mx.argsort` returning another valid
   order (Metal and CUDA partition by a full sort, the CPU by `nth_element`; ties in any order).
+
+`gpu_rope` and `gpu_order` read array values on the host, which a compiled step's trace cannot
+(mlx_speech.nn.compiled): under them the steps run plainly (MLX_SPEECH_COMPILE=0), through the
+same clocks and inputs the compiled steps take.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def emulated_rope(x: mx.array, dims: int, *, traditional: bool, base: float | No
 @pytest.fixture
 def gpu_rope(monkeypatch):
     """Every `mx.fast.rope` call computes positions as the GPU kernels do."""
+    monkeypatch.setenv("MLX_SPEECH_COMPILE", "0")
     monkeypatch.setattr(mx.fast, "rope", emulated_rope)
     return emulated_rope
 
@@ -169,6 +174,7 @@ def gpu_order(monkeypatch):
     """Call with an order name to make MLX's partitions/sorts return that order."""
 
     def use(order: str) -> None:
+        monkeypatch.setenv("MLX_SPEECH_COMPILE", "0")
         argpartition, partition, argsort = ordered_ops(order)
         monkeypatch.setattr(mx, "argpartition", argpartition)
         monkeypatch.setattr(mx, "partition", partition)
