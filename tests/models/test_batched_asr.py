@@ -61,16 +61,16 @@ def _check(owner, specs):
         assert text.strip() == ref.text.strip()
 
 
-def _batch_sizes(monkeypatch, model) -> list[int]:
-    """Record the batch size of every decoder forward."""
+def _batch_sizes(monkeypatch, owner) -> list[int]:
+    """Record the batch size of every decoder forward (plain or compiled)."""
     sizes: list[int] = []
-    hidden = type(model).hidden
+    forward = owner.steps._forward
 
-    def spy(self, tokens, *a, **k):
+    def spy(batch, tokens, *a, **k):
         sizes.append(tokens.shape[0])
-        return hidden(self, tokens, *a, **k)
+        return forward(batch, tokens, *a, **k)
 
-    monkeypatch.setattr(type(model), "hidden", spy)
+    monkeypatch.setattr(owner.steps, "_forward", spy)
     return sizes
 
 
@@ -81,7 +81,7 @@ def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
              (speechlike(1.3, seed=2), [777, 3000], 0, {"delay_ms": 160}),
              (speechlike(3.2, seed=3), [4000, 1, 2561], 3, {"delay_ms": 960}),
              (speechlike(3.4, seed=4), [1280, 160], 1, {"delay_ms": 160})]
-    sizes = _batch_sizes(monkeypatch, vr_model.model)
+    sizes = _batch_sizes(monkeypatch, vr_model)
     sessions, texts = _drive(vr_model, specs)
     assert max(sizes) == 4 and sum(b > 1 for b in sizes) >= 20  # really batched
     monkeypatch.undo()

@@ -13,9 +13,11 @@ import numpy as np
 
 from ...nn import ConvCache, RingBatch, stack_rows
 from ...nn import boost as _boost
+from ...nn.cache import RingStep
+from ...nn.compiled import CompiledStep, enabled
 from ..stepper import Batch, Stepper, chunk_size
 from .config import MEL_PER_TOKEN, VoxtralRealtimeConfig
-from .model import EncoderState, Model
+from .model import EncoderState, Model, reanchor
 from .session import Session
 
 
@@ -28,6 +30,9 @@ class Steps:
         self.encoder = Stepper(self._encode)  # one group: every session with mel queued
         self.prompts = Stepper(self._prefill, key=lambda s, length: length)
         self.decoder = Stepper(self._decode)
+        # the steps compiled at their shapes (nn.compiled; the caches explicit in and out)
+        self.encoder_step = CompiledStep(self._encoder_graph, "voxtral_realtime.encoder")
+        self.decoder_step = CompiledStep(self._decoder_graph, "voxtral_realtime.decoder")
 
     # -- encoder ------------------------------------------------------------------
     def _encode(self, batch: Batch[Session], _items) -> list[None]:
@@ -47,7 +52,10 @@ class Steps:
         kv = [RingBatch.gather([st.kv[j] for st in states], size=batch.size)
               for j in range(len(states[0].kv))]
         state = EncoderState(conv, kv)
-        emb = self.model.embed_audio(mel, state)
+        if enabled() and all(c.tail is not None for c in conv) and kv[0].keys is not None:
+            emb = self._encode_compiled(mel, state)
+        else:
+            emb = self.model.embed_audio(mel, state)
         mx.async_eval(emb, state.arrays())
         tails = [batch.rows_of(c.tail) for c in state.conv]
         for i, (s, e) in enumerate(zip(streams, batch.rows_of(emb), strict=True)):
@@ -55,6 +63,37 @@ class Steps:
             for c, t in zip(s.enc_state.conv, tails, strict=True):
                 c.tail = t[i]
         return [None] * batch.n
+
+    def _encode_compiled(self, mel: mx.array, state: EncoderState) -> mx.array:
+        """`embed_audio` as one compiled graph: the conv tails and rings in and out."""
+        e = self.config.encoder
+        L = mel.shape[1] // 2  # encoder frames (conv stem stride 2)
+        reanchor(state.kv, L, e.max_position, e.head_dim, e.rope_theta)
+        kv = state.kv
+        n = [c.prepare(L) for c in kv][0]
+        offsets, rope = kv[0].clocks()
+        kind = kv[0].mask_kind(L, n)
+        key = (mel.shape, n, kind, kv[0].kv_bits)
+        emb, tails, keys, values = self.encoder_step(
+            key, mel, [c.tail for c in state.conv], [c.keys for c in kv], [c.values for c in kv],
+            offsets, rope, _ring(kv[0]), kind)
+        for c, t in zip(state.conv, tails, strict=True):
+            c.tail = t
+        for c, k, v in zip(kv, keys, values, strict=True):
+            c.advance(k, v, L)
+        return emb
+
+    def _encoder_graph(self, mel, tails, keys, values, offsets, rope, ring, kind):
+        conv = []
+        for t in tails:
+            c = ConvCache()
+            c.tail = t
+            conv.append(c)
+        views = [RingStep(k, v, offsets, rope, *ring, kind)
+                 for k, v in zip(keys, values, strict=True)]
+        emb = self.model.embed_audio(mel, EncoderState(conv, views))
+        return (emb, [c.tail for c in conv], [r.keys for r in views],
+                [r.values for r in views])
 
     def encode(self, sessions: list[Session]) -> None:
         """Run every queued whole token of mel through the encoder, batched."""
@@ -98,16 +137,57 @@ class Steps:
         m, rows = self.model, batch.streams
         caches = [RingBatch.gather([s.dec_cache[j] for s in rows], size=batch.size)
                   for j in range(len(m.layers))]
-        h = m.hidden(tokens, audio, self._scales(batch.rows), caches)
-        logits = m.logits(h[:, -1])  # only the last position needs the (vocab-sized) head
+        scales = self._scales(batch.rows)
         boosted = any(s.booster for s in rows)
+        want_lp = any(s.lp is not None for s in rows)
+        if enabled() and tokens.shape[1] == 1 and caches[0].keys is not None:
+            logits, nxt = self._decode_compiled(tokens, audio, scales, caches,
+                                                None if boosted else want_lp)
+        else:
+            h = m.hidden(tokens, audio, scales, caches)
+            logits = m.logits(h[:, -1])  # only the last position needs the (vocab-sized) head
+            nxt = None
         if boosted and out is not None:  # the phrase bias needs the unread tokens: read first
             mx.async_eval(logits)
             read_emit(rows, out)
-        nxt = self.choose(rows, logits, boosted)  # step p+1 runs while step p's are read
+        if nxt is None:
+            nxt = self.choose(rows, logits, boosted)  # step p+1 runs while step p's are read
+        else:
+            mx.async_eval(nxt[0], *([] if nxt[1] is None else [nxt[1]]))
         if out is not None:
             read_emit(rows, out)
         return nxt
+
+    def _decode_compiled(self, tokens: mx.array, audio: mx.array, scales: list[mx.array],
+                         caches: list[RingBatch], choose: bool | None):
+        """One decoder position as one compiled graph, the rings in and out. `choose`: also
+        the greedy token (and its logprob when True) in the graph; None: the logits only
+        (phrase boosting chooses on the host's bias). Returns (logits or None, (token,
+        logprob) or None)."""
+        d = self.config.decoder
+        reanchor(caches, 1, d.max_position, d.head_dim, d.rope_theta)
+        n = [c.prepare(1) for c in caches][0]
+        offsets, rope = caches[0].clocks()
+        kind = caches[0].mask_kind(1, n)
+        key = (tokens.shape, scales[0].shape, n, kind, caches[0].kv_bits, choose)
+        out, lp, keys, values = self.decoder_step(
+            key, tokens, audio, scales, [c.keys for c in caches], [c.values for c in caches],
+            offsets, rope, _ring(caches[0]), kind, choose)
+        for c, k, v in zip(caches, keys, values, strict=True):
+            c.advance(k, v, 1)
+        return (out, None) if choose is None else (None, (out, lp))
+
+    def _decoder_graph(self, tokens, audio, scales, keys, values, offsets, rope, ring, kind,
+                       choose):
+        views = [RingStep(k, v, offsets, rope, *ring, kind)
+                 for k, v in zip(keys, values, strict=True)]
+        h = self.model.hidden(tokens, audio, scales, views)
+        out = self.model.logits(h[:, -1])
+        lp = None
+        if choose is not None:
+            logits, out = out, _boost.greedy(out, None)
+            lp = _boost.chosen_logprob(logits, out) if choose else None
+        return out, lp, [r.keys for r in views], [r.values for r in views]
 
     def _prefill(self, batch: Batch[Session], lengths: list[int]) -> list[str]:
         """The prompt of every row (one prompt length per batch), at position 0."""
@@ -172,6 +252,11 @@ class Steps:
         out = {id(s): t + s.detok.flush() for s, t in zip(live, texts, strict=True)}
         mx.clear_cache()
         return [out.get(id(s), "") for s in sessions]
+
+
+def _ring(c: RingBatch) -> tuple:
+    """A ring's constants inside a compiled step (RingStep's capacity, window, kv_bits)."""
+    return c.capacity, c.window, c.kv_bits
 
 
 def _read(rows: list[Session], k: int = 0) -> list:
