@@ -12,12 +12,14 @@ counts and masked predictor updates. A lone session is a batch of one (the same 
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
 
 from ...nn import ConvCache
 from ...nn import boost as _boost
+from ...nn.compiled import CompiledStep, enabled
 from ..stepper import Batch, Stepper
 from .encoder import ContextKVCache, EncoderState, StridedConvCache
 from .session import Session
@@ -107,8 +109,29 @@ def split_decoder(batch: Batch, b: DecoderState) -> list[DecoderState]:
             for i, g in enumerate(batch.rows_of(b.g))]
 
 
+def joint_round(model: Model, frames: mx.array, g: mx.array, bias: mx.array | None,
+                want_lp: bool) -> tuple[mx.array, mx.array | None]:
+    """One greedy round's joint: projected frames (B, T, dim) and predictor outputs (B, dim)
+    -> the chosen token of every (row, frame) and, when `want_lp`, its log-probability."""
+    logits = model.joint(frames, g[:, None])
+    ks = _boost.greedy_transducer(logits, bias, model.config.blank_id)
+    return ks, _boost.chosen_logprob(logits, ks) if want_lp else None
+
+
+def predict(model: Model, emit: mx.array, g: mx.array, h: list[mx.array], c: list[mx.array],
+            on: mx.array | None) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+    """The predictor advanced by each row's emitted token (B,); rows where `on` (B,) is
+    False keep their state (None: every row emitted)."""
+    new = model.decoder(emit, DecoderState(g, h, c))
+    if on is None:
+        return new.g, new.h, new.c
+    m = on[:, None]
+    return (mx.where(m, new.g, g), [mx.where(m, a, b) for a, b in zip(new.h, h, strict=True)],
+            [mx.where(m, a, b) for a, b in zip(new.c, c, strict=True)])
+
+
 def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=None,
-                  logprobs: list[list[float]] | None = None,
+                  logprobs: list[list[float]] | None = None, joint=None, predictor=None,
                   ) -> tuple[list[list[int]], list[list[int]], DecoderState]:
     """Frame-synchronous RNN-T greedy over projected encoder frames (B, T, dim).
 
@@ -120,8 +143,12 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
     of the row's graph state moves the non-blank choice; advanced with each emission).
     `logprobs`: per row a list that gets each emitted token's log-probability (the joint's
     log-softmax, blank included), read with the tokens (no extra sync); None: not computed.
-    Returns per row (tokens, frame index of each) and the new state.
+    `joint(key, frames, g, bias, want_lp)` / `predictor(key, emit, g, h, c, on)`: the round's
+    two graphs (`joint_round`, `predict`; compiled per shape key by the family's step),
+    default plain. Returns per row (tokens, frame index of each) and the new state.
     """
+    joint = joint or (lambda _key, *a: joint_round(model, *a))
+    predictor = predictor or (lambda _key, *a: predict(model, *a))
     c = model.config
     blank, max_symbols = c.blank_id, c.max_symbols
     B, T = frames.shape[:2]
@@ -132,10 +159,10 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
     while t.min() < T:
         t0 = int(t.min())
         bias = _boost.bias(boosters, blank) if boosters else None
-        logits = model.joint(frames[:, t0:], state.g[:, None])
-        ks = _boost.greedy_transducer(logits, bias, blank)
-        if logprobs is not None:
-            lp = _boost.chosen_logprob(logits, ks)
+        want_lp = logprobs is not None
+        ks, lp = joint((B, T - t0, bias is None, want_lp), frames[:, t0:], state.g, bias,
+                       want_lp)
+        if want_lp:
             mx.eval(ks, lp)
             lp = np.array(lp)
         ks = np.array(ks)
@@ -162,14 +189,9 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
         on = emit != blank
         if not on.any():
             break
-        new = model.decoder(mx.array(emit.astype(np.int32)), state)
-        if on.all():
-            state = new
-        else:
-            m = mx.array(on)[:, None]
-            state = DecoderState(mx.where(m, new.g, state.g),
-                                 [mx.where(m, a, b) for a, b in zip(new.h, state.h, strict=True)],
-                                 [mx.where(m, a, b) for a, b in zip(new.c, state.c, strict=True)])
+        every = bool(on.all())
+        state = DecoderState(*predictor((B, every), mx.array(emit.astype(np.int32)), state.g,
+                                        state.h, state.c, None if every else mx.array(on)))
         for b in np.flatnonzero(on):
             if n[b] == max_symbols:
                 t[b], n[b] = t[b] + 1, 0
@@ -182,6 +204,40 @@ class Steps:
     def __init__(self, model: Model):
         self.model = model
         self.stepper = Stepper(self._step, key=_signature)
+        # the steps compiled at their shapes (nn.compiled; the caches explicit in and out)
+        self.layers_step = CompiledStep(self._layers_graph, "nemotron.encoder")
+        self.joint_step = CompiledStep(partial(joint_round, model), "nemotron.joint")
+        self.predict_step = CompiledStep(partial(predict, model), "nemotron.predictor")
+
+    def _layers(self, x: mx.array, pos_keys: list[mx.array], mask: mx.array | None,
+                kv: list[ContextKVCache], conv: list[ConvCache]) -> mx.array:
+        """The encoder's conformer layers over a chunk, as one compiled graph (the caches
+        in and out) once every cache holds state (a stream's first chunk runs plainly)."""
+        if not enabled() or kv[0].keys is None or any(c.tail is None for c in conv):
+            return self.model.encoder.run_layers(x, pos_keys, mask, kv, conv)
+        key = (x.shape, None if mask is None else mask.shape, kv[0].keys.shape,
+               conv[0].tail.shape)
+        x, keys, values, tails = self.layers_step(
+            key, x, pos_keys, mask, [c.keys for c in kv], [c.values for c in kv],
+            [c.tail for c in conv], kv[0].size)
+        for c, k, v in zip(kv, keys, values, strict=True):
+            c.keys, c.values = k, v
+            c.valid = min(c.size, c.valid + x.shape[1])
+        for c, t in zip(conv, tails, strict=True):
+            c.tail = t
+        return x
+
+    def _layers_graph(self, x, pos_keys, mask, keys, values, tails, size):
+        kv, conv = [], []
+        for k, v, t in zip(keys, values, tails, strict=True):
+            c = ContextKVCache(size)
+            c.keys, c.values = k, v
+            kv.append(c)
+            cc = ConvCache()
+            cc.tail = t
+            conv.append(cc)
+        x = self.model.encoder.run_layers(x, pos_keys, mask, kv, conv)
+        return x, [c.keys for c in kv], [c.values for c in kv], [c.tail for c in conv]
 
     def _step(self, batch: Batch[Session], pieces: list[tuple[np.ndarray, bool]]
               ) -> list[str]:
@@ -192,7 +248,7 @@ class Steps:
         chunk = None  # no new mel (a final flush): nothing zero-size reaches a kernel
         if len(mels[0]):
             chunk = batch.stack_host(mels, m.dtype)
-        x = m.encoder(chunk, state=st, final=final)
+        x = m.encoder(chunk, state=st, final=final, layers=self._layers)
         if x is not None:
             x = m.encoder_projector(x)
         mx.eval(x, st.arrays())
@@ -203,7 +259,8 @@ class Steps:
         boosters = [s.booster for s in streams] + [copy.copy(streams[0].booster)] * pad
         lps = [[] for _ in range(batch.size)] if any(s.lp is not None for s in streams) else None
         dec_in = stack_decoder(batch, [s.dec_state for s in streams])
-        toks, where, dec = greedy_decode(m, x, dec_in, boosters if any(boosters) else None, lps)
+        toks, where, dec = greedy_decode(m, x, dec_in, boosters if any(boosters) else None, lps,
+                                         self.joint_step, self.predict_step)
         out = []
         for i, (s, d) in enumerate(zip(streams, split_decoder(batch, dec), strict=True)):
             s.dec_state = d
