@@ -3,6 +3,7 @@ who spoke when, up to 4 speakers, in arrival order, offline or streamed."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,13 +14,14 @@ from ...audio.io import check_audio, load_audio
 from ...converted import is_converted
 from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
+from ...nn.compiled import CompiledStep
 from ..asr import check_sessions, checked_pairs, load_strict
 from ..nemotron_streaming.features import NemoLogMel
 from ..stepper import Batch, Stepper
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer
 from .session import Diarization, DiarizerSession, Segment, segments, speaker_at
-from .streaming import Chunk, init_state, step
+from .streaming import Chunk, init_state, network, step
 from .weights import remap
 
 __all__ = ["Diarization", "DiarizerSession", "Segment", "SortformerDiarizer", "load",
@@ -42,6 +44,7 @@ class SortformerDiarizer:
         self.features = NemoLogMel(config.n_mels)
         # sessions with other streaming parameters step separately
         self.stepper = Stepper(self._step, key=lambda s, chunk: id(s.config))
+        self.network = CompiledStep(partial(network, model), "sortformer.step")
 
     @property
     def sample_rate(self) -> int:
@@ -83,7 +86,7 @@ class SortformerDiarizer:
 
     def _step(self, batch: Batch[DiarizerSession], chunks: list[Chunk]) -> list[np.ndarray]:
         states = Batch([s.state for s in batch.streams], batch.size)
-        probs = step(self.model, batch.streams[0].config, states, chunks)
+        probs = step(self.model, batch.streams[0].config, states, chunks, self.network)
         for s, p in zip(batch.streams, probs, strict=True):
             s.frames += len(p)
         return probs

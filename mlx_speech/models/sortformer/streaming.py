@@ -27,7 +27,9 @@ scores, whose choice does not change the result).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
@@ -141,11 +143,31 @@ def compress(preds: np.ndarray, c: SortformerConfig) -> tuple[np.ndarray, np.nda
     return np.where(disabled, 0, frames), disabled
 
 
+def network(model: Sortformer, mel: mx.array, mel_len: mx.array, buffers: mx.array,
+            gather: mx.array, lengths: mx.array) -> tuple[mx.array, mx.array]:
+    """A step's network call, one pure graph (compiled per shape, `nn.compiled`): the chunks'
+    mel (B, m_max, n_mels) pre-encoded beside the streams' buffers (B, rows, d), the rows
+    `gather` picks ([cache, FIFO, chunk frames], then masked padding) through the model.
+    Returns (probabilities (B, t_max, n_spk), the buffers and chunk frames (B, rows + l_max,
+    d) the host's update picks from)."""
+    emb = model.pre_encode(mel, mel_len)  # (B, l_max, d)
+    src = mx.concatenate([buffers, emb.astype(buffers.dtype)], axis=1)
+    x = mx.take_along_axis(src, gather[..., None], axis=1)
+    return model.infer(x, lengths), src
+
+
+def _plain(model: Sortformer, _key, *args):
+    return network(model, *args)
+
+
 def step(model: Sortformer, config: SortformerConfig, batch: Batch[StreamState],
-         chunks: list[Chunk]) -> list[np.ndarray]:
+         chunks: list[Chunk], network: Callable | None = None) -> list[np.ndarray]:
     """Advance each stream of `batch` by one chunk (one network call over the batch's rows,
     the padding rows' outputs dropped); returns each chunk's speaker probabilities (its
-    `chunk` frames, n_spk) as float32 numpy."""
+    `chunk` frames, n_spk) as float32 numpy. `network(key, ...)`: the network call
+    (`network` above, compiled per shape key), default plain."""
+    if network is None:
+        network = partial(_plain, model)
     c = config
     states, chunks = batch.rows, batch.padded(chunks)
     B = len(states)
@@ -159,9 +181,7 @@ def step(model: Sortformer, config: SortformerConfig, batch: Batch[StreamState],
     for b, ch in enumerate(chunks):
         mel[b, : len(ch.mel)] = ch.mel
     emb_len = conv_out_len(mel_len)
-    emb = model.pre_encode(mx.array(mel), mx.array(mel_len))  # (B, l_max, d)
     buffers = mx.stack([s.buffer for s in states])
-    src = mx.concatenate([buffers, emb.astype(buffers.dtype)], axis=1)  # (B, rows + l_max, d)
     # the network's input: [cache, FIFO, chunk frames] contiguous, then masked padding
     t_max = rows + l_max
     gather = np.zeros((B, t_max), np.int32)
@@ -172,8 +192,8 @@ def step(model: Sortformer, config: SortformerConfig, batch: Batch[StreamState],
         gather[b, :n_mem] = np.arange(n_mem)
         gather[b, n_mem:n] = rows + np.arange(int(emb_len[b]))
         lengths[b] = n
-    x = mx.take_along_axis(src, mx.array(gather)[..., None], axis=1)
-    probs = model.infer(x, mx.array(lengths))
+    probs, src = network((B, m_max, rows, buffers.dtype), mx.array(mel), mx.array(mel_len),
+                         buffers, mx.array(gather), mx.array(lengths))
     if batch.size > batch.n:
         states, chunks, B = batch.streams, chunks[:batch.n], batch.n
         probs, src, emb_len = probs[:B], src[:B], emb_len[:B]

@@ -22,6 +22,7 @@ from mlx_speech.models import sortformer
 from mlx_speech.models.sortformer import streaming as streaming_mod
 from mlx_speech.models.sortformer.weights import nemo_name, remap
 from mlx_speech.nn import cache as nn_cache
+from mlx_speech.nn import compiled
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "sortformer"
 NEMO = GOLDEN / "tiny.nemo"
@@ -147,6 +148,7 @@ def test_batched_equals_alone(model, golden, wav):
 
 
 def test_fixed_shapes_per_step(model, wav, monkeypatch):
+    compiled.reset()  # every step shape reaches the spy (compiled steps trace it again)
     shapes = set()
     real = model.model.infer
 
@@ -310,6 +312,7 @@ def test_gpu_batch_padding_changes_nothing(model, wav, monkeypatch):
     (fewer shapes for the backend's graph caches); forced on here, three streams step as four
     and give what they give alone."""
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    compiled.reset()  # every step shape reaches the spy (compiled steps trace it again)
     sizes = []
     real = model.model.infer
 
