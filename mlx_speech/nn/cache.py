@@ -230,6 +230,15 @@ def ring_mask_kind(offsets: list[int], length: int, n: int, capacity: int,
     return "rows"
 
 
+def write_start(offsets: list[int], length: int, capacity: int) -> int | None:
+    """The first slot rows at `offsets` write `length` positions to when they all write the
+    same slots without wrapping (one slice write), else None (an index write per row)."""
+    start = offsets[0] % capacity
+    if min(offsets) != max(offsets) or start + length > capacity:
+        return None
+    return start
+
+
 def grown(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, mx.array]:
     """(B, H, S, D) keys/values padded with zero slots to `n` (as they are when S >= n)."""
     if keys.shape[2] >= n:
@@ -492,14 +501,18 @@ class RingStep:
     rows' clocks as arrays (`offsets` (B,), or a scalar when every row is at one position),
     so the step's trace never changes with their positions. Rows write
     at their own slots by index; attention sees every slot given (the fixed shapes), the ones
-    not written yet masked (`mask`: RingBatch.mask_kind, decided on the host). The host
-    re-anchors before the step (`deltas`: none here) and advances the rows after it
-    (RingBatch.advance with this view's `keys` / `values`)."""
+    not written yet masked (`mask`: RingBatch.mask_kind, decided on the host). `start`: when
+    every row writes the same slots without wrapping (`write_start`), the first of them (a
+    (1,) int32 array), one slice write instead of an index write. The host re-anchors before
+    the step (`deltas`: none here) and advances the rows after it (RingBatch.advance with this
+    view's `keys` / `values`)."""
 
     def __init__(self, keys: mx.array, values: mx.array, offsets: mx.array, rope: mx.array,
-                 capacity: int, window: int, kv_bits: int | None, mask: str | None):
+                 capacity: int, window: int, kv_bits: int | None, mask: str | None,
+                 start: mx.array | None = None):
         self.keys, self.values, self.offsets, self.rope_offset = keys, values, offsets, rope
         self.capacity, self.window, self.kv_bits, self.mask = capacity, window, kv_bits, mask
+        self.start = start
 
     def deltas(self, length: int, limit: int) -> list[int]:
         return [0]
@@ -513,8 +526,12 @@ class RingStep:
         dtype, L = k.dtype, k.shape[2]
         if self.kv_bits:
             k, v = pack8(k), pack8(v)
-        slots = (self.offsets[..., None] + mx.arange(L)) % self.capacity
-        self.keys, self.values = ring_write(self.keys, self.values, slots, k, v)
+        if self.start is not None:
+            self.keys = mx.slice_update(self.keys, k, self.start, axes=(2,))
+            self.values = mx.slice_update(self.values, v, self.start, axes=(2,))
+        else:
+            slots = (self.offsets[..., None] + mx.arange(L)) % self.capacity
+            self.keys, self.values = ring_write(self.keys, self.values, slots, k, v)
         if self.kv_bits:
             return unpack8(self.keys, dtype), unpack8(self.values, dtype)
         return self.keys, self.values

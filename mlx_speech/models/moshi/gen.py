@@ -112,10 +112,12 @@ class _StepState:
 
 
 def temporal_graph(lm, tokens: mx.array, keys: list[mx.array], values: list[mx.array],
-                   offset: mx.array, kind: str | None, capacity: int, window: int):
+                   offset: mx.array, kind: str | None, capacity: int, window: int,
+                   start: mx.array):
     """One temporal step (tokens [B, K, 1]) as a pure graph: (z, text logits, new keys,
-    new values); `offset` the stream position (int32 scalar), `kind` its ring mask's form."""
-    views = [RingStep(k, v, offset, offset, capacity, window, None, kind)
+    new values); `offset` the stream position (int32 scalar), `kind` its ring mask's form,
+    `start` its ring slot ((1,) int32)."""
+    views = [RingStep(k, v, offset, offset, capacity, window, None, kind, start)
              for k, v in zip(keys, values, strict=True)]
     z, text_logits = lm.forward_tokens(tokens, LmState(_StepState(tokens.shape[0], offset,
                                                                   views), None))
@@ -200,7 +202,7 @@ class _GenBase:
         z, text_logits, keys, values = self.steps.temporal(
             (x.shape, n, kind), x, [c.keys for c in main.layers],
             [c.values for c in main.layers], mx.array(main.offset, mx.int32), kind,
-            main.capacity, main.window)
+            main.capacity, main.window, mx.array([main.offset % main.capacity], mx.int32))
         for c, k, v in zip(main.layers, keys, values, strict=True):
             c.advance(k, v, 1)
         main.offset += 1

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...nn import ConvCache, RingBatch, stack_rows
 from ...nn import boost as _boost
-from ...nn.cache import RingStep
+from ...nn.cache import RingStep, write_start
 from ...nn.compiled import CompiledStep, enabled
 from ..stepper import Batch, Stepper, chunk_size
 from .config import MEL_PER_TOKEN, VoxtralRealtimeConfig
@@ -73,23 +73,24 @@ class Steps:
         n = [c.prepare(L) for c in kv][0]
         offsets, rope = kv[0].clocks()
         kind = kv[0].mask_kind(L, n)
-        key = (mel.shape, n, kind, kv[0].kv_bits)
+        start = _start(kv[0], L)
+        key = (mel.shape, n, kind, kv[0].kv_bits, start is None)
         emb, tails, keys, values = self.encoder_step(
             key, mel, [c.tail for c in state.conv], [c.keys for c in kv], [c.values for c in kv],
-            offsets, rope, _ring(kv[0]), kind)
+            offsets, rope, _ring(kv[0]), kind, start)
         for c, t in zip(state.conv, tails, strict=True):
             c.tail = t
         for c, k, v in zip(kv, keys, values, strict=True):
             c.advance(k, v, L)
         return emb
 
-    def _encoder_graph(self, mel, tails, keys, values, offsets, rope, ring, kind):
+    def _encoder_graph(self, mel, tails, keys, values, offsets, rope, ring, kind, start):
         conv = []
         for t in tails:
             c = ConvCache()
             c.tail = t
             conv.append(c)
-        views = [RingStep(k, v, offsets, rope, *ring, kind)
+        views = [RingStep(k, v, offsets, rope, *ring, kind, start)
                  for k, v in zip(keys, values, strict=True)]
         emb = self.model.embed_audio(mel, EncoderState(conv, views))
         return (emb, [c.tail for c in conv], [r.keys for r in views],
@@ -169,17 +170,18 @@ class Steps:
         n = [c.prepare(1) for c in caches][0]
         offsets, rope = caches[0].clocks()
         kind = caches[0].mask_kind(1, n)
-        key = (tokens.shape, scales[0].shape, n, kind, caches[0].kv_bits, choose)
+        start = _start(caches[0], 1)
+        key = (tokens.shape, scales[0].shape, n, kind, caches[0].kv_bits, choose, start is None)
         out, lp, keys, values = self.decoder_step(
             key, tokens, audio, scales, [c.keys for c in caches], [c.values for c in caches],
-            offsets, rope, _ring(caches[0]), kind, choose)
+            offsets, rope, _ring(caches[0]), kind, choose, start)
         for c, k, v in zip(caches, keys, values, strict=True):
             c.advance(k, v, 1)
         return (out, None) if choose is None else (None, (out, lp))
 
     def _decoder_graph(self, tokens, audio, scales, keys, values, offsets, rope, ring, kind,
-                       choose):
-        views = [RingStep(k, v, offsets, rope, *ring, kind)
+                       choose, start):
+        views = [RingStep(k, v, offsets, rope, *ring, kind, start)
                  for k, v in zip(keys, values, strict=True)]
         h = self.model.hidden(tokens, audio, scales, views)
         out = self.model.logits(h[:, -1])
@@ -252,6 +254,12 @@ class Steps:
         out = {id(s): t + s.detok.flush() for s, t in zip(live, texts, strict=True)}
         mx.clear_cache()
         return [out.get(id(s), "") for s in sessions]
+
+
+def _start(c: RingBatch, length: int) -> mx.array | None:
+    """RingStep's `start` for the rows of `c` (None: an index write per row)."""
+    start = write_start([r.offset for r in c.rows], length, c.capacity)
+    return None if start is None else mx.array([start], mx.int32)
 
 
 def _ring(c: RingBatch) -> tuple:
