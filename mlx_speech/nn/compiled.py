@@ -22,9 +22,14 @@ plainly (a shape seen once, a prompt, a stream's first chunk, is not worth a tra
 second on the compiled function runs. Compiled graphs are kept for at most `MAX_SHAPES` keys
 per step (then all are dropped and traced again), so memory stays bounded whatever the shapes.
 
-`MLX_SPEECH_COMPILE=0` in the environment turns every compiled step back into the plain
-function (read at each call, so a test or a debugging session can flip it); `reset()` drops
-every compiled graph (the kernel watch of the tests does, to see the traced ops again).
+Compiled steps are on by default where the steps run at the fixed shapes (GPU backends, or
+`nn.cache.FIXED_SHAPES = True`), where a step's host time bounds a stream. On the CPU backend
+they are off by default: there the device work is the host's own, the host saving is smaller,
+and the first call of each shape JIT-compiles its fused kernels with the system's C++ compiler
+(about a second at the real depth: a live stream would drop its first frames).
+`MLX_SPEECH_COMPILE=1` turns them on anywhere, `MLX_SPEECH_COMPILE=0` off (read at each call,
+so a test or a debugging session can flip it); `reset()` drops every compiled graph (the
+kernel watch of the tests does, to see the traced ops again).
 Results are the same either way: MLX's compiled kernels compute what the plain ops do, and
 the tests check compiled == plain token for token and frame for frame.
 """
@@ -37,6 +42,8 @@ from collections.abc import Callable, Hashable
 
 import mlx.core as mx
 
+from .cache import fixed_shapes
+
 ENV = "MLX_SPEECH_COMPILE"
 MAX_SHAPES = 64  # compiled keys kept per step before its graphs are dropped
 
@@ -44,8 +51,11 @@ _STEPS: weakref.WeakSet[CompiledStep] = weakref.WeakSet()
 
 
 def enabled() -> bool:
-    """Whether steps run compiled (`MLX_SPEECH_COMPILE`, default on; "0" turns it off)."""
-    return os.environ.get(ENV, "1") != "0"
+    """Whether steps run compiled: `MLX_SPEECH_COMPILE` "0" (off) or anything else (on);
+    unset, where the streaming steps run at the fixed shapes (`nn.cache.fixed_shapes()`: GPU
+    backends by default)."""
+    value = os.environ.get(ENV)
+    return fixed_shapes() if value is None else value != "0"
 
 
 class CompiledStep:
