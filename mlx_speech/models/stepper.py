@@ -38,13 +38,13 @@ S = TypeVar("S")  # a stream (a session, or its state)
 def batch_size(n: int) -> int:
     """Rows a step of `n` streams runs with: with fixed shapes the next power of two (the
     rows past `n` are padding), else `n`."""
-    return 1 << (n - 1).bit_length() if fixed_shapes() else n
+    return 1 << (n - 1).bit_length() if n > 1 and fixed_shapes() else n
 
 
 def chunk_size(n: int) -> int:
     """How many of `n` ready units (tokens, frames) one call takes: with fixed shapes the
     largest power of two up to `n`, else all `n`."""
-    return 1 << (n.bit_length() - 1) if fixed_shapes() else n
+    return 1 << (n.bit_length() - 1) if n > 1 and fixed_shapes() else n
 
 
 class Batch(Generic[S]):
@@ -63,15 +63,18 @@ class Batch(Generic[S]):
 
     def padded(self, items: Sequence) -> list:
         """One item per real stream -> one per row (padding rows get item 0's)."""
-        items = list(items)
         if len(items) != self.n:
             raise ValueError(f"{len(items)} items for a batch of {self.n} streams")
-        return items + [items[0]] * (self.size - self.n)
+        if self.size == self.n:
+            return items if isinstance(items, list) else list(items)
+        return [*items, *[items[0]] * (self.size - self.n)]
 
     def stack(self, arrays: Sequence[mx.array | None]) -> mx.array | None:
         """One (1, ...) array per real stream -> the (size, ...) batch. None (a stream whose
         state does not exist yet) stands for zeros shaped like the others, as a fresh cache
         starts; None when no stream has one."""
+        if self.size == 1:
+            return arrays[0]
         arrays = list(arrays)
         like = next((a for a in arrays if a is not None), None)
         if like is None:
@@ -130,7 +133,7 @@ class Stepper:
             items = [(s, it) for s in streams if (it := take(s)) is not None]
             if not items:
                 return out
-            for group in grouped(items, self.key):
+            for group in [items] if self.key is None else grouped(items, self.key):
                 batch = Batch([s for s, _ in group])
                 results = self.step(batch, [it for _, it in group])
                 for s, r in zip(batch.streams, results, strict=True):

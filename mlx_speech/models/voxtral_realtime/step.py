@@ -226,8 +226,9 @@ class Steps:
         batched steps; returns each session's new text."""
         end = {id(s): min(lim, s.n_audio) for s, lim in zip(sessions, limits, strict=True)}
         # prompt prefill for sessions that reached it, batched by prompt length
-        self.prompts.run(sessions, lambda s: len(s.prompt) if (
-            s.last is None and not s.done and end[id(s)] >= len(s.prompt)) else None)
+        if any(s.last is None for s in sessions):
+            self.prompts.run(sessions, lambda s: len(s.prompt) if (
+                s.last is None and not s.done and end[id(s)] >= len(s.prompt)) else None)
         texts = self.decoder.run(sessions, lambda s: s.position if (
             s.last is not None and not s.done and s.position < end[id(s)]) else None)
         out = {id(s): "".join(texts[id(s)]) for s in sessions}
