@@ -151,30 +151,33 @@ class LagProbe:
     """In the engine: when each append's audio arrived, when the step consuming it ended."""
 
     def __init__(self, owner):
-        from mlx_speech.server import engine as eng
+        from mlx_speech.server import jobs
 
-        self.owner, self.eng = owner, eng
+        self.owner, self.jobs = owner, jobs
         self.pushes: dict[int, list[tuple[float, int]]] = {}  # id(input) -> (t, cumulative)
         self.lags: dict[int, list[float]] = {}
+        self.streams: dict[int, object] = {}  # id(session) -> its AsrStream
         probe = self
-        self._orig_push = orig_push = eng._Input.push
+        self._orig_push = orig_push = jobs.Input.push
+        self._orig_start = orig_start = jobs.AsrStream.start
 
         def push(inp, x):
             orig_push(inp, x)
             log = probe.pushes.setdefault(id(inp), [])
             log.append((time.perf_counter(), (log[-1][1] if log else 0) + len(x)))
 
-        eng._Input.push = push
+        def start(st):
+            orig_start(st)
+            probe.streams[id(st.session)] = st
+
+        jobs.Input.push, jobs.AsrStream.start = push, start
         self._orig_feed = orig_feed = owner.feed_many
-        self.engine = None
 
         def feed_many(pairs):
             out = orig_feed(pairs)
             t = time.perf_counter()
-            by_session = {id(s.session): s for s in probe.engine._streams
-                          if getattr(s, "session", None) is not None}
             for sess, x in pairs:
-                st = by_session.get(id(sess))
+                st = probe.streams.get(id(sess))
                 if st is None:
                     continue
                 consumed = probe.consumed.get(id(st), 0) + len(x)
@@ -194,7 +197,7 @@ class LagProbe:
         self.consumed.clear()
 
     def close(self):
-        self.eng._Input.push = self._orig_push
+        self.jobs.Input.push, self.jobs.AsrStream.start = self._orig_push, self._orig_start
         self.owner.feed_many = self._orig_feed
 
 
@@ -231,7 +234,6 @@ def bench_ours(folder: Path, streams: list[int], seconds: float, batch: bool,
     model = mlx_speech.load(folder, dtype=dtype)
     app, engine = make_app({"vr": model}, batch=batch, max_buffer_s=60.0)
     probe = LagProbe(model)
-    probe.engine = engine
     label = "ours batched" if batch else "ours 1-by-1"
     out = {}
     try:

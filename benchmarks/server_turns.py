@@ -15,7 +15,7 @@ realtime client sending an 80 ms append every 80 ms:
   a client commit. The configured silence itself is not in it (a client-side VAD waits too).
   First vs last turns show whether latency grows with the number of turns;
 * the VAD's share of an engine tick with N such clients at once: time in the batched VAD
-  step (`step_turns`) against time in the ASR steps, per tick that ran the VAD.
+  step (`TurnStream.step_many`) against time in the ASR steps, per tick that ran the VAD.
 
 Numbers only, no assertions.
 """
@@ -116,43 +116,45 @@ async def client(url: str, pcm: np.ndarray, turn_detection, commit_at: list[int]
     return sorted(out)
 
 
-def tick_shares(app_engine, url: str, pcm: np.ndarray, n: int) -> tuple[float, float, int]:
-    """N paced server_vad clients at once; mean ms per VAD-running tick in step_turns and in
-    the ASR steps."""
-    import mlx_speech.server.turns as turns
+def tick_shares(url: str, pcm: np.ndarray, n: int) -> tuple[float, float, int]:
+    """N paced server_vad clients at once; mean ms per VAD-running tick in the turn streams'
+    step and in the ASR streams' step."""
+    from mlx_speech.server.jobs import AsrStream
+    from mlx_speech.server.turns import TurnStream
 
-    eng = app_engine
-    vad_t, asr_t, ticks = [], [], 0
-    step, feed, fin = turns.step_turns, eng._feed_asr, eng._finish_asr
+    vad_t, asr_t = [], []
     cur = {"vad": 0.0}
+    saved = {k: k.__dict__.get("step_many") for k in (TurnStream, AsrStream)}
+    turn_step, asr_step = TurnStream.step_many.__func__, AsrStream.step_many.__func__
 
-    def timed_step(*a, **k):
+    def timed_turns(cls, engine, jobs):
         t = time.perf_counter()
-        r = step(*a, **k)
+        r = turn_step(cls, engine, jobs)
         cur["vad"] = time.perf_counter() - t
         return r
 
-    def timed_feed(streams):
+    def timed_asr(cls, engine, jobs):
         t = time.perf_counter()
-        r = feed(streams) | fin(streams)
+        r = asr_step(cls, engine, jobs)
         if cur["vad"]:
             vad_t.append(cur["vad"])
             asr_t.append(time.perf_counter() - t)
         cur["vad"] = 0.0
         return r
 
-    turns.step_turns = timed_step
-    eng._feed_asr, eng._finish_asr = timed_feed, lambda streams: False
+    TurnStream.step_many, AsrStream.step_many = classmethod(timed_turns), classmethod(timed_asr)
     try:
         async def many():
             await asyncio.gather(*(client(url, pcm, {"type": "server_vad"}) for _ in range(n)))
 
         asyncio.run(many())
-        ticks = len(vad_t)
     finally:
-        turns.step_turns = step
-        eng._feed_asr, eng._finish_asr = feed, fin
-    return 1000 * statistics.mean(vad_t), 1000 * statistics.mean(asr_t), ticks
+        for kind, own in saved.items():
+            if own is None:  # inherited: the class's own override goes
+                del kind.step_many
+            else:
+                kind.step_many = own
+    return 1000 * statistics.mean(vad_t), 1000 * statistics.mean(asr_t), len(vad_t)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  extra latency per turn with VAD on: {1000 * extra:+.1f} ms (median)"
                       " + the configured silence_duration_ms (500)")
                 for n in [int(s) for s in args.streams.split(",")]:
-                    v, a, ticks = tick_shares(engine, url, pcm[: 24000 * 6], n)
+                    v, a, ticks = tick_shares(url, pcm[: 24000 * 6], n)
                     print(f"  {n:>3} VAD streams: per tick {v:6.2f} ms VAD step vs {a:6.2f} ms "
                           f"ASR steps ({100 * v / (v + a):4.1f}% of the tick; {ticks} ticks)")
         finally:

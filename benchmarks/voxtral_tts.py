@@ -147,7 +147,7 @@ def bench_ours(tts, text: str, frames: int, steps: int) -> dict:
         mx.eval(m.hidden(m.feedback(codes), cache)[:, -1])
 
     def flow():
-        mx.eval(tts._decode_frame(h, noise, t_table))
+        mx.eval(tts.decode_frame(h, noise, t_table))
 
     chunk = mx.array(np.tile(np.array(codes), (16, 1)))[None]
     state = m.audio_tokenizer.make_state()

@@ -16,7 +16,9 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     """Load a model from a local folder or a Hugging Face repo id.
 
     The type comes from the checkpoint's own config (never the repo name); the
-    result is that model's wrapper, whose `kind` says what it is: speech-to-text ("asr":
+    result is that model's wrapper, which says what it is through the model contract
+    (`mlx_speech/models/base.py`: `kind`, `family`, `sample_rate`, `latency`...):
+    speech-to-text ("asr":
     `VoxtralRealtime`, `NemotronStreaming`: `transcribe()`, `session()`), text-to-speech
     ("tts": `VoxtralTTS`: `generate()`, `stream()`, `voices`), full duplex ("duplex": `Moshi`,
     also PersonaPlex: `session().step()`) or voice activity detection ("vad": `SileroVAD`, see
@@ -35,7 +37,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
 
     from .errors import CheckpointError, MlxSpeechError
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, NAMES, archive_type, model_module, weight_patterns, wrong_kind
+    from .registry import ARCHIVES, archive_type, model_module, name_of, weight_patterns, wrong_kind
 
     def checks(model_type: str) -> None:
         if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
@@ -50,7 +52,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
         if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
             unknown = sorted(set(kwargs) - set(params))
             if unknown:  # e.g. a Voxtral-only option for another model
-                raise MlxSpeechError(f"{NAMES.get(model_type, model_type)} models take no "
+                raise MlxSpeechError(f"{name_of(model_type)} models take no "
                                      f"{', '.join(unknown)} option")
         return load
 
@@ -63,7 +65,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
         model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
     checks(model_type)
     if log is not None:
-        log(f"loading {path_or_repo} ({NAMES.get(model_type, model_type)})")
+        log(f"loading {path_or_repo} ({name_of(model_type)})")
     return loader(model_type)(folder, **kwargs)
 
 

@@ -3,22 +3,29 @@
 The diarizer (streaming Sortformer, `mlx_speech.models.sortformer`) gives per-frame speaker
 probabilities in arrival order; each word takes the speaker most active over its time span
 (frames above 0.5 first, then total probability); a word over silence keeps the previous word's
-speaker (the next word's at the start). Labels are numbered by first appearance in the
-transcript ("Speaker 1", "Speaker 2", ...), so the first voice heard is Speaker 1 whichever slot
-the diarizer used, and the numbering only grows while streaming.
+speaker (the next word's at the start). Speakers are numbered by first appearance in the
+transcript, from 0, so the first voice heard is speaker 0 whichever slot the diarizer used, and
+the numbering only grows while streaming. That number (an int; None while nobody was heard) is
+the library's one form of a speaker: each front door shows it its own way ("Speaker 1",
+"A", "speaker_1"), mapped once at its edge (the table: docs/diarization.md).
 
-- `label_words(words, probs)` -> a label per word;
+- `label_words(words, probs)` -> a speaker per word;
 - `SpeakerTurns` keeps that numbering across calls (live sessions, one per stream);
+- `speaker_runs` / `main_speaker`: a labelled transcript's turns and its main speaker;
 - `SpeakerTracker` runs a diarizer session beside any ASR session on the same audio;
-- `transcribe(asr, audio, diarizer)` -> a transcript whose words and segments carry speakers.
+- `transcribe(asr, audio, diarizer)` -> a transcript whose words and segments carry speakers;
+  `from_frames(result, probs)` the same from frames already computed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .transcript import segments_from_words
 
 FRAME_S = 0.08
 DEFAULT_DIARIZER = "mlx-community/diar_streaming_sortformer_4spk-v2.1-fp16"
@@ -31,31 +38,51 @@ def _slot(probs: np.ndarray, start: float, end: float, frame_s: float) -> int | 
 
 
 class SpeakerTurns:
-    """Diarizer slot -> "Speaker N", numbered by first appearance; one per stream."""
+    """Diarizer slot -> speaker number (0, 1, ... by first appearance); one per stream."""
 
     def __init__(self):
-        self.names: dict[int, str] = {}
-        self.last: str | None = None
+        self.numbers: dict[int, int] = {}
+        self.last: int | None = None
 
-    def name(self, slot: int | None) -> str | None:
+    def number(self, slot: int | None) -> int | None:
         if slot is None:
             return self.last
-        if slot not in self.names:
-            self.names[slot] = f"Speaker {len(self.names) + 1}"
-        self.last = self.names[slot]
+        if slot not in self.numbers:
+            self.numbers[slot] = len(self.numbers)
+        self.last = self.numbers[slot]
         return self.last
 
-    def label(self, words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[str | None]:
-        """A label per word (None only when no word so far had an active speaker)."""
+    def label(self, words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[int | None]:
+        """A speaker per word (None only when no word so far had an active speaker)."""
         slots = [_slot(probs, w.start, w.end, frame_s) for w in words]
-        labels = [self.name(s) for s in slots]
+        labels = [self.number(s) for s in slots]
         first = next((x for x in labels if x is not None), None)
         return [first if x is None else x for x in labels] if self.last is not None else labels
 
 
-def label_words(words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[str | None]:
+def label_words(words, probs: np.ndarray, frame_s: float = FRAME_S) -> list[int | None]:
     """A speaker label per word (see the module docstring)."""
     return SpeakerTurns().label(words, probs, frame_s)
+
+
+def speaker_runs(items, speaker: Callable = lambda w: w.speaker) -> list[tuple]:
+    """(speaker, [items]) per run of consecutive items of one speaker, in order."""
+    out: list[tuple] = []
+    for it in items:
+        who = speaker(it)
+        if out and out[-1][0] == who:
+            out[-1][1].append(it)
+        else:
+            out.append((who, [it]))
+    return out
+
+
+def main_speaker(labels: list):
+    """The speaker of most of `labels` (ties: the one heard first)."""
+    counts: dict = {}
+    for lab in labels:
+        counts[lab] = counts.get(lab, 0) + 1
+    return max(counts, key=lambda k: (counts[k], -labels.index(k)))
 
 
 @dataclass
@@ -63,7 +90,7 @@ class SpeakerWord:
     text: str
     start: float
     end: float
-    speaker: str | None
+    speaker: int | None
 
 
 @dataclass
@@ -73,38 +100,19 @@ class DiarizedTranscript:
     probs: np.ndarray  # (frames, n_spk) diarizer output
     segments: list = field(default_factory=list)  # writers.Segment with .speaker
 
-    def turns(self) -> list[tuple[str | None, str]]:
+    def turns(self) -> list[tuple[int | None, str]]:
         """(speaker, text) per speaker turn, in order."""
-        out: list[tuple[str | None, list[str]]] = []
-        for w in self.words:
-            if out and out[-1][0] == w.speaker:
-                out[-1][1].append(w.text)
-            else:
-                out.append((w.speaker, [w.text]))
-        return [(s, " ".join(t)) for s, t in out]
-
-    def turns_text(self) -> str:
-        """The txt form: one line per speaker turn, "Speaker N: text"."""
-        return "\n".join(f"{s}: {t}" if s else t for s, t in self.turns())
+        return [(who, " ".join(w.text for w in run)) for who, run in speaker_runs(self.words)]
 
 
-def speaker_segments(words: list[SpeakerWord], segments_from_words) -> list:
+def speaker_segments(words: list[SpeakerWord]) -> list:
     """Cues that never mix speakers: `segments_from_words` within each speaker turn."""
-    out, run = [], []
-    for w in words:
-        if run and run[-1].speaker != w.speaker:
-            out += _tag(segments_from_words(run), run[0].speaker)
-            run = []
-        run.append(w)
-    if run:
-        out += _tag(segments_from_words(run), run[0].speaker)
+    out = []
+    for who, run in speaker_runs(words):
+        for seg in segments_from_words(run):
+            seg.speaker = who
+            out.append(seg)
     return out
-
-
-def _tag(segs, speaker):
-    for s in segs:
-        s.speaker = speaker
-    return segs
 
 
 class FrameLog:
@@ -168,11 +176,11 @@ class SpeakerTracker:
         a = max(0, int(word.start / FRAME_S))
         return max(a + 1, int(np.ceil(word.end / FRAME_S))) <= len(self.probs)
 
-    def label(self, words) -> list[str | None]:
+    def label(self, words) -> list[int | None]:
         return self.turns.label(words, self.probs)
 
-    def speaker(self, start: float, end: float) -> str | None:
-        return self.turns.name(_slot(self.probs, start, end, FRAME_S))
+    def speaker(self, start: float, end: float) -> int | None:
+        return self.turns.number(_slot(self.probs, start, end, FRAME_S))
 
 
 # NVIDIA's 1.04 s streaming setting (model card): live lines wait for their speaker frames, and
@@ -184,9 +192,7 @@ LIVE_STREAMING = dict(chunk_len=6, chunk_right_context=7, fifo_len=188,
 def live_streaming(diarizer) -> dict:
     """The streaming overrides for a live transcript: `LIVE_STREAMING` when the diarizer's own
     chunk latency is longer, else none (its own settings)."""
-    c = getattr(diarizer, "config", None)
-    if c is None:
-        return {}
+    c = diarizer.config
     own = c.chunk_len + c.chunk_right_context
     if own <= LIVE_STREAMING["chunk_len"] + LIVE_STREAMING["chunk_right_context"]:
         return {}
@@ -205,7 +211,6 @@ def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs
                ) -> DiarizedTranscript:
     """Transcribe with `asr` (any ASR family) and label every word with its speaker."""
     from .audio.io import check_audio, load_audio
-    from .transcribe import segments_from_words
 
     if isinstance(audio, (str, Path)):
         audio, _ = load_audio(audio, asr.sample_rate)
@@ -216,25 +221,17 @@ def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs
 
             audio = resample(audio, sample_rate, asr.sample_rate)
     result = asr.transcribe(audio, asr.sample_rate, **asr_kwargs)
-    return diarize_result(result, audio, diarizer, segments_from_words)
+    return diarize_result(result, audio, diarizer)
 
 
-def diarize_result(result, audio: np.ndarray, diarizer, segments_from_words
-                   ) -> DiarizedTranscript:
+def diarize_result(result, audio: np.ndarray, diarizer) -> DiarizedTranscript:
     """An ASR result (text + timed words) and its 16 kHz audio -> a diarized transcript."""
-    probs = diarizer.probabilities(audio)
+    return from_frames(result, diarizer.probabilities(audio))
+
+
+def from_frames(result, probs: np.ndarray) -> DiarizedTranscript:
+    """An ASR result and the diarizer's frames over its audio -> a diarized transcript."""
     labels = label_words(result.words, probs)
     words = [SpeakerWord(w.text, w.start, w.end, s)
              for w, s in zip(result.words, labels, strict=True)]
-    return DiarizedTranscript(result.text, words, probs,
-                              speaker_segments(words, segments_from_words))
-
-
-def apply_to_output(diarizer, audio: np.ndarray, result, extra: dict, fmt: str,
-                    segments_from_words) -> tuple[str, list]:
-    """`transcribe --diarize`: (text to write, speaker segments); adds `speaker` to each word
-    in `extra["words"]`. txt gets a "Speaker N: ..." line per speaker turn."""
-    d = diarize_result(result, audio, diarizer, segments_from_words)
-    for row, w in zip(extra.get("words", []), d.words, strict=False):
-        row["speaker"] = w.speaker
-    return (d.turns_text() if fmt == "txt" else result.text), d.segments
+    return DiarizedTranscript(result.text, words, probs, speaker_segments(words))

@@ -86,13 +86,13 @@ def _cache_dir() -> Path:
 
 def _model_type(snapshot: Path) -> str:
     from .hub import detect_model_type
-    from .registry import KINDS
+    from .registry import MODELS, kind_of
 
     try:
         t = detect_model_type(snapshot)
     except Exception:
         return "not a model mlx_speech loads"
-    return f"{t}, {KINDS.get(t, '?')}" if t in KINDS else f"{t}: not supported"
+    return f"{t}, {kind_of(t)}" if t in MODELS else f"{t}: not supported"
 
 
 def cache_rows() -> tuple[list[Row], list[dict]]:
@@ -160,11 +160,11 @@ def hub_row(offline: bool, timeout: float = HUB_TIMEOUT_S) -> Row:
 
 
 def audio_rows() -> list[Row]:
-    from .audio.devices import _sounddevice
+    from .audio.devices import sounddevice_module
     from .errors import DeviceError
 
     try:
-        sd = _sounddevice()
+        sd = sounddevice_module()
     except DeviceError as e:
         return [("audio", NA, f"not checked: {e} (audio files still work)")]
     rows = []
@@ -180,9 +180,9 @@ def audio_rows() -> list[Row]:
 
 def vad_row() -> Row:
     try:
-        from .models.silero_vad import _find
+        from .models.silero_vad import packaged_weights
 
-        p = _find(None)
+        p = packaged_weights()
     except Exception as e:
         return ("vad", WARN, f"no Silero VAD weights: {str(e).splitlines()[0]}")
     return ("vad", OK, f"Silero VAD weights: {p}")

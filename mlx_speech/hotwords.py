@@ -1,5 +1,6 @@
 """Command-line vocabulary options (`--hotwords`, `--hotwords-file`, `--boost`), shared by
-the commands that run an ASR session."""
+the commands that run an ASR session, parsed once into a `Vocabulary` (sessions take it through
+`text.vocabulary.session_keywords`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import argparse
 from pathlib import Path
 
 from .errors import MlxSpeechError
-from .text.context_graph import DEFAULT_BOOST, check_boost, parse_hotwords
+from .text.vocabulary import (
+    DEFAULT_BOOST,
+    Vocabulary,
+    phrases,
+    session_keywords,  # noqa: F401 (the commands hand it on)
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,15 +34,13 @@ def read_file(path: str | Path) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in text.splitlines()]
 
 
-def from_args(args) -> dict:
-    """Session keywords ({} without phrases); checked before any model loads."""
-    phrases = parse_hotwords(args.hotwords) if args.hotwords else []
-    if args.hotwords_file:
-        phrases = parse_hotwords(phrases + read_file(args.hotwords_file))
-    if args.boost is not None:
-        check_boost(args.boost)
-        if not phrases:
-            raise MlxSpeechError("--boost needs --hotwords or --hotwords-file")
-    if not phrases:
-        return {}
-    return {"hotwords": phrases, "boost": DEFAULT_BOOST if args.boost is None else args.boost}
+def from_args(args) -> Vocabulary | None:
+    """The command line's vocabulary (None without phrases, or with --boost 0); checked
+    before any model loads."""
+    hotwords = args.hotwords or None
+    if args.hotwords_file:  # the flag's phrases, then the file's lines (a line is one phrase)
+        hotwords = phrases(hotwords) + read_file(args.hotwords_file)
+    vocabulary = Vocabulary.parse(hotwords, args.boost)
+    if vocabulary is None and args.boost is not None and (args.boost != 0 or not hotwords):
+        raise MlxSpeechError("--boost needs --hotwords or --hotwords-file")
+    return vocabulary

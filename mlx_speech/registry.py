@@ -1,17 +1,24 @@
-"""model_type -> implementing module; each exposes `load(folder)` and `weight_patterns`."""
+"""model_type -> the family class that loads it: the one place a family registers.
+
+Each family's module exposes `load(folder, **options)` and `weight_patterns(folder)`; its class
+carries the model contract (`mlx_speech/models/base.py`: kind, family, name, latency...), which
+front doors read here, before anything is loaded, and on the loaded model after.
+"""
 
 from __future__ import annotations
 
 import importlib
 
+from .models.base import COMMANDS, KIND_NAMES
+
 MODELS = {
-    "voxtral_realtime": "mlx_speech.models.voxtral_realtime",
-    "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming",
-    "voxtral_tts": "mlx_speech.models.voxtral_tts",
-    "moshi": "mlx_speech.models.moshi",
-    "personaplex": "mlx_speech.models.moshi",  # the community MLX layout's config.json
-    "silero_vad": "mlx_speech.models.silero_vad",  # voice activity (mlx-community layout too)
-    "sortformer": "mlx_speech.models.sortformer",  # speaker diarization (.nemo, mlx-audio)
+    "voxtral_realtime": "mlx_speech.models.voxtral_realtime:VoxtralRealtime",
+    "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming:NemotronStreaming",
+    "voxtral_tts": "mlx_speech.models.voxtral_tts:VoxtralTTS",
+    "moshi": "mlx_speech.models.moshi:Moshi",
+    "personaplex": "mlx_speech.models.moshi:Moshi",  # the community MLX layout's config.json
+    "silero_vad": "mlx_speech.models.silero_vad:SileroVAD",  # mlx-community layout too
+    "sortformer": "mlx_speech.models.sortformer:SortformerDiarizer",  # .nemo, mlx-audio
 }
 ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints (default family)
 
@@ -41,38 +48,33 @@ def archive_type(path) -> str:
 
 
 def model_module(model_type: str):
+    """The family's module (its `load` and `weight_patterns`); imports code, loads nothing."""
     from .errors import CheckpointError
 
     if model_type not in MODELS:
         known = ", ".join(sorted(MODELS))
         raise CheckpointError(f"unsupported model type {model_type!r} (known: {known})")
-    return importlib.import_module(MODELS[model_type])
+    return importlib.import_module(MODELS[model_type].split(":")[0])
+
+
+def family(model_type: str) -> type:
+    """The family class of `model_type`, whose class attributes are the contract's values
+    that need no weights (`kind`, `name`, `latency`...)."""
+    return getattr(model_module(model_type), MODELS[model_type].split(":")[1])
 
 
 def weight_patterns(model_type: str, folder) -> list[str]:
     return model_module(model_type).weight_patterns(folder)
 
 
-# What each model type is (`model.kind` of the loaded model says the same), how to name it in
-# a message, and the command for each kind.
-KINDS = {"voxtral_realtime": "asr", "nemotron_asr_streaming": "asr", "voxtral_tts": "tts",
-         "moshi": "duplex", "personaplex": "duplex", "silero_vad": "vad",
-         "sortformer": "diarizer"}
-NAMES = {"voxtral_realtime": "Voxtral Realtime speech-to-text",
-         "nemotron_asr_streaming": "Nemotron streaming speech-to-text",
-         "voxtral_tts": "Voxtral TTS", "moshi": "Moshi / PersonaPlex full-duplex",
-         "personaplex": "PersonaPlex full-duplex", "silero_vad": "Silero VAD",
-         "sortformer": "Sortformer speaker diarization"}
-KIND_NAMES = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duplex",
-              "vad": "voice activity detection", "diarizer": "speaker diarization"}
-COMMANDS = {"asr": "use mlx_speech.transcribe", "tts": "use mlx_speech.say",
-            "duplex": "use mlx_speech.chat", "vad": "give it to --vad"}
-
-
 def kind_of(model_type: str) -> str:
     """'asr', 'tts', 'duplex', 'vad' or 'diarizer' for a model type of `MODELS`."""
-    model_module(model_type)  # unknown types: the same error as loading
-    return KINDS[model_type]
+    return family(model_type).kind
+
+
+def name_of(model_type: str) -> str:
+    """How messages name a model of this type ("Voxtral TTS", ...)."""
+    return family(model_type).name
 
 
 def wrong_kind(what: str, model_type: str, want) -> str | None:
@@ -84,7 +86,7 @@ def wrong_kind(what: str, model_type: str, want) -> str | None:
         return None
     wanted = " or ".join(KIND_NAMES[k] for k in want)
     hint = COMMANDS.get(kind)
-    return (f"{what} is a {NAMES.get(model_type, model_type)} model, not {wanted}"
+    return (f"{what} is a {name_of(model_type)} model, not {wanted}"
             + (f"; {hint}" if hint else ""))
 
 

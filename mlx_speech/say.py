@@ -3,7 +3,11 @@
     mlx_speech.say "Hello."                                 # through the speakers
     mlx_speech.say "Hello." --voice neutral_female -o hello.wav
     echo "long text..." | mlx_speech.say -o story.flac       # text from stdin (or "-")
+    my_llm_client | mlx_speech.say -                         # each sentence as it arrives
     mlx_speech.say --list-voices
+
+Text from stdin is spoken as it is read: each sentence as soon as it has arrived (the
+model's `stream_text`), so a program writing its reply bit by bit is heard while it writes.
 
 Output formats: wav, flac, ogg (Vorbis), opus, mp3, pcm (raw 16-bit little-endian
 mono); the default comes from the -o extension. Logs and progress go to stderr.
@@ -11,8 +15,13 @@ mono); the default comes from the -o extension. Logs and progress go to stderr.
 
 from __future__ import annotations
 
+import codecs
 import inspect
+import io
+import os
 import sys
+from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 
 from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
@@ -45,21 +54,42 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def read_text(arg: str | None, stdin=None) -> str:
-    """The text argument, or stdin for None / "-"; raises on empty text."""
-    stdin = sys.stdin if stdin is None else stdin
+def read_text(arg: str | None, stdin=None) -> str | Iterator[str]:
+    """The text argument, or for None / "-" stdin's text as it arrives (an iterator of pieces,
+    read up to the first non-blank one here: empty input fails before any load)."""
     if arg is not None and arg != "-":
-        text = arg
-    else:
-        if stdin is None or stdin.isatty():
-            raise MlxSpeechError('give the text to speak, e.g. mlx_speech.say "Hello.", '
-                                 "or pipe it on stdin")
-        text = stdin.read()
-        if not text:
-            raise MlxSpeechError("stdin is empty: no text to speak")
-    if not text.strip():
-        raise MlxSpeechError("the text to speak is empty (only whitespace)")
-    return text.strip()
+        if not arg.strip():
+            raise MlxSpeechError("the text to speak is empty (only whitespace)")
+        return arg.strip()
+    stdin = sys.stdin if stdin is None else stdin
+    if stdin is None or stdin.isatty():
+        raise MlxSpeechError('give the text to speak, e.g. mlx_speech.say "Hello.", '
+                             "or pipe it on stdin")
+    pieces = stdin_pieces(stdin)
+    head = []
+    for piece in pieces:
+        head.append(piece)
+        if piece.strip():
+            return chain(["".join(head)], pieces)
+    if not head:
+        raise MlxSpeechError("stdin is empty: no text to speak")
+    raise MlxSpeechError("the text to speak is empty (only whitespace)")
+
+
+def stdin_pieces(stdin) -> Iterator[str]:
+    """Text from stdin as soon as it is written (not line by line, not at its end)."""
+    try:
+        fd = stdin.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a stand-in with no file
+        yield from iter(stdin.readline, "")
+        return
+    decode = codecs.getincrementaldecoder(getattr(stdin, "encoding", None) or "utf-8")(
+        errors="replace").decode
+    while data := os.read(fd, 1 << 16):
+        if text := decode(data):
+            yield text
+    if text := decode(b"", final=True):
+        yield text
 
 
 def _device(arg: str | None) -> int | str | None:
@@ -104,16 +134,20 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
-def _chunks(model, text: str, args, progress: _Progress):
+def _chunks(model, text: str | Iterator[str], args, progress: _Progress):
     kwargs = {"voice": args.voice, "seed": args.seed, "max_frames": args.max_frames}
-    if _accepts(model.stream, "progress"):
-        kwargs["progress"] = progress.model
-    for chunk in model.stream(text, **kwargs):
+    if not isinstance(text, str):  # stdin: each sentence as it arrives
+        chunks = model.stream_text(text, **kwargs)
+    else:
+        if _accepts(model.stream, "progress"):
+            kwargs["progress"] = progress.model
+        chunks = model.stream(text, **kwargs)
+    for chunk in chunks:
         progress.chunk(len(chunk.samples) / chunk.sample_rate)
         yield chunk
 
 
-def play(model, text: str, args, progress: _Progress) -> float:
+def play(model, text: str | Iterator[str], args, progress: _Progress) -> float:
     """Stream chunks into the speakers as they are made; returns seconds played."""
     from .audio.devices import Speaker
     from .audio.resample import resample
@@ -144,7 +178,7 @@ def play(model, text: str, args, progress: _Progress) -> float:
     return seconds
 
 
-def write(model, text: str, args, fmt: str, progress: _Progress) -> float:
+def write(model, text: str | Iterator[str], args, fmt: str, progress: _Progress) -> float:
     """Collect every chunk, then write the file in one go (never a truncated file)."""
     from .audio.clip import Audio
     from .audio.io import write_audio
@@ -187,7 +221,7 @@ def _run(args) -> None:
         voices = list(model.voices or [])
         print("\n".join(voices) if voices else "(this checkpoint has no voices)")
         return
-    show = sys.stderr.isatty() or len(text) >= LONG_TEXT_CHARS
+    show = sys.stderr.isatty() or (isinstance(text, str) and len(text) >= LONG_TEXT_CHARS)
     progress = _Progress(show)
     try:
         if args.output:

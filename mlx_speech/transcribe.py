@@ -26,7 +26,14 @@ from .cliutil import (
     window_kwargs,
 )
 from .errors import MlxSpeechError
-from .transcript import FORMATS, pause_break_steps, pause_breaks, segments_from_words  # noqa: F401
+from .transcript import (  # noqa: F401 (pause_break_steps, pause_breaks: re-exported)
+    FORMATS,
+    format_turns,
+    pause_break_steps,
+    pause_breaks,
+    segments_from_words,
+    speaker_name,
+)
 
 PROGRESS_MIN_SECONDS = 60.0
 SPEAKER_HOLD_MAX = 200  # --live --diarize: words held while no speaker has been heard yet
@@ -54,8 +61,7 @@ def transcribe_file(model, path: str, args) -> str:
     total = len(audio) / model.sample_rate
     bar, update = _progress_bar(total)
     try:
-        result = model.transcribe(audio, model.sample_rate, progress=update,
-                                  **_mode(model, args), **hotwords.from_args(args))
+        result = model.transcribe(audio, model.sample_rate, progress=update, **_mode(args))
     finally:
         if bar is not None:
             bar.close()
@@ -64,26 +70,31 @@ def transcribe_file(model, path: str, args) -> str:
              "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
                        for w in result.words]}
     text = result.text
-    if getattr(args, "diarizer_model", None) is not None:  # --diarize
-        from .diarize import apply_to_output
+    if args.diarizer_model is not None:  # --diarize: txt gets a line per speaker turn
+        from .diarize import diarize_result
 
-        text, segments = apply_to_output(args.diarizer_model, audio, result, extra,
-                                         args.format, segments_from_words)
+        d = diarize_result(result, audio, args.diarizer_model)
+        for row, w in zip(extra["words"], d.words, strict=True):
+            row["speaker"] = speaker_name(w.speaker)
+        text = format_turns(d.turns()) if args.format == "txt" else text
+        segments = d.segments
     return write_transcript(args.format, text, segments, None, extra=extra)
 
 
-def _mode(model, args) -> dict:
-    """The session options: `latency_ms`, the one name both ASR families take."""
-    return {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
+def _mode(args) -> dict:
+    """The session options: `latency_ms` (the one name both ASR families take) and the
+    vocabulary (parsed once, from the command line)."""
+    latency = {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
+    return {**latency, **hotwords.session_keywords(args.vocabulary)}
 
 
 def check_latency(model_type: str, latency_ms: int | None) -> None:
     """--latency-ms against what the model family takes (from its config, before loading;
     `load(kind="asr")` has already refused other kinds)."""
     if latency_ms is not None:
-        from .registry import model_module
+        from .registry import family
 
-        model_module(model_type).check_latency_ms(latency_ms)
+        family(model_type).latency.check(latency_ms)
 
 
 class _AudioLog:
@@ -147,7 +158,7 @@ class LiveLines:
                                      f"the model {model.sample_rate} Hz")
             self.speakers = SpeakerTracker(diarizer, **(diarizer_streaming or {}))
             self.queue: list = []  # words (times on the stream's clock) and None (a pause)
-            self.speaker: str | None = None  # the open line's speaker
+            self.speaker: int | None = None  # the open line's speaker
         self.heard = 0  # samples fed
         self.t0 = 0.0  # where the session's audio starts on the stream's clock (s)
         self.session = None if vad is not None else model.session(**mode)
@@ -260,7 +271,8 @@ class LiveLines:
                 self._write_words()
             if not self.line_open:
                 self.speaker, self.line_start = label, w.start
-                self._text(f"{label}: {w.text}" if label else w.text)
+                name = speaker_name(label)
+                self._text(f"{name}: {w.text}" if name else w.text)
             else:
                 self.write(" " + w.text)
             if self.words is not None:
@@ -313,7 +325,7 @@ def live(model, args, vad=None, diarizer=None) -> None:
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
-    mode = {**_mode(model, args), **hotwords.from_args(args)}
+    mode = _mode(args)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -425,7 +437,7 @@ def _run(args) -> None:
         raise MlxSpeechError("give audio files or --live, not both")
     if not args.live and (args.timestamps or args.no_vad or args.vad or args.words):
         raise MlxSpeechError("--timestamps, --words, --vad and --no-vad are for --live")
-    hotwords.from_args(args)  # a bad list fails before loading a model
+    args.vocabulary = hotwords.from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
     if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):

@@ -8,13 +8,16 @@ from .writers import (
     Segment,
     format_json,
     format_srt,
+    format_turns,
     format_txt,
     format_vtt,
+    speaker_name,
     write_transcript,
 )
 
-__all__ = ["FORMATS", "Segment", "format_json", "format_srt", "format_txt", "format_vtt",
-           "pause_break_steps", "pause_breaks", "segments_from_words", "write_transcript"]
+__all__ = ["FORMATS", "Segment", "format_json", "format_srt", "format_turns", "format_txt",
+           "format_vtt", "pause_break_steps", "pause_breaks", "segments_from_words",
+           "speaker_name", "write_transcript"]
 
 
 def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, breaks=()):

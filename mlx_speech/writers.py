@@ -1,4 +1,8 @@
-"""Transcript output formats: txt, json, srt, vtt."""
+"""Transcript output formats: txt, json, srt, vtt.
+
+Speakers (the library's numbers, 0 first: `mlx_speech.diarize`) are shown here as
+"Speaker 1", "Speaker 2", ...: the command line's form (txt, json, srt, vtt and --live), which
+the realtime server's events share (docs/diarization.md has every surface's form)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,12 @@ class Segment:
     start: float
     end: float
     text: str
-    speaker: str | None = None  # set only when diarizing ("Speaker 1")
+    speaker: int | None = None  # set only when diarizing (0: the first voice heard)
+
+
+def speaker_name(speaker: int | None) -> str | None:
+    """A speaker number as the command line shows it: 0 -> "Speaker 1"; None stays None."""
+    return None if speaker is None else f"Speaker {speaker + 1}"
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -32,14 +41,20 @@ def _timestamp(seconds: float, sep: str) -> str:
 def _cue(s: Segment, sep: str) -> str:
     # blank lines would end the cue early in srt/vtt
     lines = [line.strip() for line in s.text.strip().splitlines() if line.strip()]
-    if s.speaker and lines:  # VTT voice tag; SRT has none, so a "Speaker N: " prefix
-        lines[0] = f"<v {s.speaker}>{lines[0]}" if sep == "." else f"{s.speaker}: {lines[0]}"
+    name = speaker_name(s.speaker)
+    if name and lines:  # VTT voice tag; SRT has none, so a "Speaker N: " prefix
+        lines[0] = f"<v {name}>{lines[0]}" if sep == "." else f"{name}: {lines[0]}"
     times = f"{_timestamp(s.start, sep)} --> {_timestamp(s.end, sep)}"
     return "\n".join([times, *lines]) + "\n"
 
 
 def format_txt(text: str) -> str:
     return text.strip() + "\n"
+
+
+def format_turns(turns) -> str:
+    """(speaker, text) per speaker turn -> the txt form: a "Speaker N: text" line each."""
+    return "\n".join(f"{speaker_name(s)}: {t}" if s is not None else t for s, t in turns)
 
 
 def format_json(
@@ -49,7 +64,7 @@ def format_json(
         "text": text.strip(),
         "segments": [
             {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text.strip(),
-             **({"speaker": s.speaker} if s.speaker else {})}
+             **({"speaker": speaker_name(s.speaker)} if s.speaker is not None else {})}
             for s in segments
         ],
         **(extra or {}),

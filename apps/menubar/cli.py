@@ -39,9 +39,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tts-model", help="text-to-speech model (hub id or folder)")
     p.add_argument("--voice", help="TTS voice (default: the model's)")
     p.add_argument("--max-frames", type=int, help="TTS: at most this many 80 ms frames")
-    p.add_argument("--delay-ms", type=int, help="Voxtral transcription delay")
-    p.add_argument("--latency-ms", type=int, choices=(80, 160, 560, 1120),
-                   help="Nemotron latency mode")
+    p.add_argument("--latency-ms", "--delay-ms", dest="latency_ms", type=int,
+                   help="the speech model's streaming latency (default: the model's; Voxtral "
+                        "takes a multiple of 80, Nemotron 80, 160, 560 or 1120; --delay-ms is "
+                        "its older name)")
     p.add_argument("--no-preload", action="store_true",
                    help="load the speech model on first use instead of at start")
     p.add_argument("--save-audio", metavar="DIR",
@@ -55,21 +56,44 @@ def _settings(args, base=None):
 
     s = base or Settings()
     changes = {k: v for k, v in (("asr_model", args.asr_model), ("tts_model", args.tts_model),
-                                 ("voice", args.voice), ("tts_max_frames", args.max_frames),
-                                 ("delay_ms", args.delay_ms), ("latency_ms", args.latency_ms))
+                                 ("voice", args.voice), ("tts_max_frames", args.max_frames))
                if v is not None}
+    if args.latency_ms is not None:  # for the speech model this run uses
+        asr = changes.get("asr_model", s.asr_model)
+        changes["latency_ms"] = {**s.latency_ms, asr: check_latency(asr, args.latency_ms)}
     if args.no_preload:
         changes["preload_asr"] = False
     return s.replace(**changes)
 
 
+def check_latency(model_id: str, ms: int) -> int:
+    """--latency-ms against the speech model's family when its type is known before loading
+    (a picker's model, a local folder), else as a multiple of 80 ms (the model checks the
+    rest when it loads)."""
+    from pathlib import Path
+
+    from mlx_speech.hub import detect_model_type
+    from mlx_speech.registry import MODELS, family
+
+    from .settings import ASR_TYPES
+
+    model_type = ASR_TYPES.get(model_id)
+    folder = Path(model_id).expanduser()
+    if model_type is None and folder.is_dir():
+        try:
+            model_type = detect_model_type(folder)
+        except MlxSpeechError:
+            model_type = None  # the load says what is wrong with it
+    if model_type in MODELS and family(model_type).kind == "asr":
+        return family(model_type).latency.check(ms)
+    if ms <= 0 or ms % 80:
+        raise MlxSpeechError(f"--latency-ms must be a multiple of 80, got {ms}")
+    return ms
+
+
 def _run(args) -> None:
     if args.max_frames is not None and args.max_frames <= 0:
         raise MlxSpeechError("--max-frames must be a positive number of frames")
-    if args.delay_ms is not None:
-        from mlx_speech.models.voxtral_realtime.session import delay_tokens
-
-        delay_tokens(args.delay_ms)
     if args.save_audio and not args.simulate:
         raise MlxSpeechError("--save-audio is for --simulate")
     if args.doctor:

@@ -123,6 +123,7 @@ class ModelInfo:
     total: int = 0
     error: str | None = None
     voices: tuple[str, ...] = ()
+    latencies: tuple[int, ...] = ()  # a speech model's latency choices (ms)
 
 
 @dataclass(frozen=True)
@@ -441,11 +442,9 @@ class App:
         self.partials[sid] = Committer()
         s = self.settings
         # the session is queued before the first block (it waits behind a model load)
-        self.engine.begin(sid, s.asr_model, {"delay_ms": s.delay_ms,
-                                             "latency_ms": s.latency_ms,
+        self.engine.begin(sid, s.asr_model, {"latency_ms": s.latency_ms.get(s.asr_model),
                                              "stop_after_silence_ms": s.handsfree_stop_ms,
-                                             "hotwords": list(s.vocabulary),
-                                             "boost": s.vocabulary_boost})
+                                             "vocabulary": s.dictation_vocabulary()})
         try:
             self.ports.microphone.open(lambda block: self._on_block(sid, block))
         except Exception as e:
@@ -706,9 +705,10 @@ class App:
     # ------------------------------------------------------------------ models, menu, timers
     def _model_status(self, ev: ModelStatus) -> None:
         old = self.models[ev.kind]
-        voices = ev.voices or (old.voices if old.model_id == ev.model_id else ())
+        same = old.model_id == ev.model_id
         self.models[ev.kind] = ModelInfo(ev.model_id, ev.status, ev.done, ev.total, ev.error,
-                                         voices)
+                                         ev.voices or (old.voices if same else ()),
+                                         ev.latencies or (old.latencies if same else ()))
         if ev.status == "failed":
             self._fail(f"cannot load {ev.model_id}: {ev.error}")
         if ev.status == "ready":
@@ -721,7 +721,8 @@ class App:
         for kind, m in self.models.items():
             if m.status == "ready":
                 self.engine.unload(kind)
-                self.models[kind] = ModelInfo(m.model_id, "unloading", voices=m.voices)
+                self.models[kind] = ModelInfo(m.model_id, "unloading", voices=m.voices,
+                                              latencies=m.latencies)
 
     def _touch(self) -> None:
         self._last_used = self.clock()
@@ -778,10 +779,9 @@ class App:
             self._set(unload_after_min=int(arg))
         elif name == "handsfree_stop":
             self._set(handsfree_stop_ms=int(arg))
-        elif name == "delay_ms":
-            self._set(delay_ms=int(arg) if arg else None)
-        elif name == "latency_ms":
-            self._set(latency_ms=int(arg) if arg else None)
+        elif name == "latency_ms":  # the current speech model's; "": its default
+            latency = {k: v for k, v in s.latency_ms.items() if k != s.asr_model}
+            self._set(latency_ms={**latency, **({s.asr_model: int(arg)} if arg else {})})
         elif name == "login_item":
             self._login_item(not s.login_item)
         elif name == "quit":

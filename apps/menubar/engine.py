@@ -246,8 +246,9 @@ class Engine:
             self.emit(ModelStatus(kind, model_id, "failed", error=msg))
             raise
         self.models[kind] = (model_id, model)
-        voices = tuple(getattr(model, "voices", None) or ()) if kind == "tts" else ()
-        self.emit(ModelStatus(kind, model_id, "ready", voices=voices,
+        self.emit(ModelStatus(kind, model_id, "ready",  # the kind was checked: its contract
+                              voices=tuple(model.voices) if kind == "tts" else (),
+                              latencies=model.latency.values() if kind == "asr" else (),
                               seconds=time.monotonic() - t0))
         return model
 
@@ -276,7 +277,7 @@ class Engine:
         model = self._ensure("asr", model_id)
         s = _Session(model.session(**_session_kwargs(model, options)), self.keep_audio)
         silence_ms = options.get("stop_after_silence_ms") or 0
-        if silence_ms > 0 and getattr(model, "sample_rate", 16000) == 16000:
+        if silence_ms > 0 and model.sample_rate == 16000:  # the VAD's rate
             vad = self._silence_vad()
             if vad is not None:
                 s.silence = SilenceStop(vad, silence_ms)
@@ -317,8 +318,7 @@ class Engine:
         result = s.session.result()
         audio = (np.concatenate(s.audio) if s.audio else np.zeros(0, np.float32)) \
             if s.keep_audio else None
-        self.emit(Final(sid, result.text, getattr(s.session, "seconds", 0.0), audio,
-                        tuple(getattr(result, "token_ids", ()))))
+        self.emit(Final(sid, result.text, s.session.seconds, audio, tuple(result.token_ids)))
 
     def _cancel(self, sid: int) -> None:
         self.sessions.pop(sid, None)
@@ -374,13 +374,19 @@ def _user_error(e: Exception) -> bool:
 
 
 def _session_kwargs(model, options: dict) -> dict:
-    """The session's `latency_ms`: the settings keep one per family (Voxtral's delay_ms, any
-    multiple of 80; Nemotron's latency_ms, four modes); None means the model's default. The
-    vocabulary (hotwords, boost) goes to either."""
-    v = options.get("delay_ms" if getattr(model, "family", None) == "voxtral" else "latency_ms")
-    kw = {} if v is None else {"latency_ms": v}
-    if options.get("hotwords"):  # the settings' vocabulary (phrase boosting)
-        kw.update(hotwords=options["hotwords"], boost=options.get("boost", 1.0))
+    """The session's keywords: `latency_ms`, the settings' one for this model (None: the
+    model's default; one it does not take, e.g. from a file written by hand, falls back to the
+    default, said on stderr), and the vocabulary (parsed once, from the settings)."""
+    from mlx_speech.errors import MlxSpeechError
+    from mlx_speech.text.vocabulary import session_keywords
+
+    kw = session_keywords(options.get("vocabulary"))
+    v = options.get("latency_ms")
+    if v is not None:
+        try:
+            kw["latency_ms"] = model.latency.check(v)
+        except MlxSpeechError as e:
+            print(f"note: the model's default latency instead: {e}", file=sys.stderr)
     return kw
 
 

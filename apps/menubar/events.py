@@ -64,6 +64,7 @@ class ModelStatus:
     error: str | None = None
     voices: tuple[str, ...] = ()
     seconds: float = 0.0  # load time once ready
+    latencies: tuple[int, ...] = ()  # a speech model's latency choices (ms), once ready
 
 
 @dataclass(frozen=True)

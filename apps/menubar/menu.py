@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from .settings import (
     ASR_MODELS,
-    DELAY_CHOICES,
     HANDSFREE_STOP_CHOICES,
-    LATENCY_CHOICES,
     TOGGLES,
     TTS_MODELS,
     UNLOAD_CHOICES,
@@ -188,14 +186,8 @@ def present(v) -> Menu:
         MenuItem("Hands-free stops after silence", children=tuple(
             MenuItem(f"{ms / 1000:g} s" if ms else "never (tap to stop)", f"handsfree_stop:{ms}",
                      checked=s.handsfree_stop_ms == ms) for ms in HANDSFREE_STOP_CHOICES)),
-        MenuItem("Voxtral delay", children=(
-            MenuItem("Model default", "delay_ms:", checked=s.delay_ms is None),
-            *(MenuItem(f"{d} ms", f"delay_ms:{d}", checked=s.delay_ms == d)
-              for d in DELAY_CHOICES))),
-        MenuItem("Nemotron latency", children=(
-            MenuItem("Model default", "latency_ms:", checked=s.latency_ms is None),
-            *(MenuItem(f"{d} ms", f"latency_ms:{d}", checked=s.latency_ms == d)
-              for d in LATENCY_CHOICES))),
+        MenuItem("Latency", children=_latencies(s.latency_ms.get(s.asr_model),
+                                                v.asr.latencies)),
         MenuItem("Unload models when idle", children=tuple(
             MenuItem(f"after {m} min" if m else "never", f"unload_after:{m}",
                      checked=s.unload_after_min == m) for m in UNLOAD_CHOICES)),
@@ -208,9 +200,18 @@ def present(v) -> Menu:
     return Menu(state, title, tuple(_fit(it) for it in items))
 
 
+def _latencies(current: int | None, values: tuple[int, ...]) -> tuple[MenuItem, ...]:
+    """The speech model's latency choices (its `latency.values()`, known once it has loaded;
+    until then the one set for it)."""
+    values = values or (() if current is None else (current,))
+    return (MenuItem("Model default", "latency_ms:", checked=current is None),
+            *(MenuItem(f"{d} ms", f"latency_ms:{d}", checked=current == d) for d in values))
+
+
 def _picker(action: str, models, current: str) -> tuple[MenuItem, ...]:
-    known = [MenuItem(label, f"{action}:{mid}", checked=mid == current) for mid, label in models]
-    if current not in {mid for mid, _ in models}:
+    known = [MenuItem(label, f"{action}:{mid}", checked=mid == current)
+             for mid, label, *_ in models]
+    if current not in {mid for mid, *_ in models}:
         known.append(MenuItem(_short(current), f"{action}:{current}", checked=True))
     return tuple(known)
 

@@ -9,17 +9,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlx_speech.errors import optional
+from mlx_speech.text.vocabulary import MAX_PHRASE_CHARS, MAX_PHRASES, Vocabulary
 
 DEFAULT_ASR = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 DEFAULT_TTS = "mistralai/Voxtral-4B-TTS-2603"
 
-# (hub id, menu label): the model pickers; quantized builds where they are published
+# (hub id, menu label[, model type]): the model pickers; quantized builds where they are
+# published. A speech model's type (mlx_speech.registry) is known before any download
 ASR_MODELS = (
-    (DEFAULT_ASR, "Voxtral Realtime (bf16)"),
-    ("mlx-community/Voxtral-Mini-4B-Realtime-2602-4bit", "Voxtral Realtime 4-bit"),
-    ("mlx-community/Voxtral-Mini-4B-Realtime-6bit", "Voxtral Realtime 6-bit"),
-    ("nvidia/nemotron-speech-streaming-en-0.6b", "Nemotron streaming (English)"),
+    (DEFAULT_ASR, "Voxtral Realtime (bf16)", "voxtral_realtime"),
+    ("mlx-community/Voxtral-Mini-4B-Realtime-2602-4bit", "Voxtral Realtime 4-bit",
+     "voxtral_realtime"),
+    ("mlx-community/Voxtral-Mini-4B-Realtime-6bit", "Voxtral Realtime 6-bit", "voxtral_realtime"),
+    ("nvidia/nemotron-speech-streaming-en-0.6b", "Nemotron streaming (English)",
+     "nemotron_asr_streaming"),
 )
+ASR_TYPES = {mid: t for mid, _, t in ASR_MODELS}
 TTS_MODELS = (
     (DEFAULT_TTS, "Voxtral TTS (bf16)"),
     ("mlx-community/Voxtral-4B-TTS-2603-mlx-4bit", "Voxtral TTS 4-bit"),
@@ -28,16 +33,18 @@ TTS_MODELS = (
 TOGGLES = ("tap", "double_tap")
 UNLOAD_CHOICES = (5, 10, 30, 0)  # minutes; 0 = keep loaded
 HANDSFREE_STOP_CHOICES = (1000, 2000, 3000, 5000, 0)  # ms of silence; 0 = only a tap stops
-DELAY_CHOICES = (240, 480, 960)  # Voxtral transcription delay (ms)
-LATENCY_CHOICES = (80, 160, 560, 1120)  # Nemotron latency mode (ms)
+# settings files from before one latency per model kept Voxtral's as delay_ms and Nemotron's as
+# latency_ms: each goes to the pickers' models of its type
+OLD_LATENCY_KEYS = {"delay_ms": "voxtral_realtime", "latency_ms": "nemotron_asr_streaming"}
 
 
 @dataclass
 class Settings:
     asr_model: str = DEFAULT_ASR
     tts_model: str = DEFAULT_TTS
-    delay_ms: int | None = None  # Voxtral: None = the model's default
-    latency_ms: int | None = None  # Nemotron: None = the model's default
+    # speech model id -> its streaming latency (ms); absent: the model's default. The menu
+    # offers the loaded model's values (`model.latency.values()`)
+    latency_ms: dict = field(default_factory=dict)
     # phrases dictation should favour (names, jargon), and how strongly (phrase boosting;
     # docs/vocabulary-and-timing.md); an empty list or 0 leaves the model as it is
     vocabulary: list = field(default_factory=list)
@@ -92,12 +99,36 @@ class Settings:
             if ok:
                 kw[f.name] = v
         s = cls(**kw)
-        s.vocabulary = [p for p in s.vocabulary if isinstance(p, str) and p.strip()]
+        if not isinstance(data.get("latency_ms"), dict):  # an older file: delay_ms, latency_ms
+            s.latency_ms = _old_latencies(data, s.asr_model)
+        s.latency_ms = {k: v for k, v in s.latency_ms.items() if isinstance(k, str) and _ms(v)}
+        s.vocabulary = [p for p in s.vocabulary if isinstance(p, str) and p.strip()
+                        and len(p) <= MAX_PHRASE_CHARS][:MAX_PHRASES]
         if not 0 <= s.vocabulary_boost <= 100:
             s.vocabulary_boost = base.vocabulary_boost
         if s.toggle not in TOGGLES:
             s.toggle = base.toggle
         return s
+
+    def dictation_vocabulary(self) -> Vocabulary | None:
+        """The vocabulary as the sessions take it (None: nothing to boost); the entries
+        `from_json` kept always parse."""
+        return Vocabulary.parse(self.vocabulary, self.vocabulary_boost)
+
+
+def _ms(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _old_latencies(data: dict, asr_model: str) -> dict:
+    """An older file's Voxtral delay_ms and Nemotron latency_ms, each for the pickers' models
+    of its family, and for a speech model of unknown family when it is the only one set."""
+    old = {k: data[k] for k in OLD_LATENCY_KEYS if _ms(data.get(k))}
+    out = {mid: old[k] for k, model_type in OLD_LATENCY_KEYS.items() if k in old
+           for mid, t in ASR_TYPES.items() if t == model_type}
+    if asr_model not in ASR_TYPES and len(old) == 1:
+        out[asr_model] = next(iter(old.values()))
+    return out
 
 
 def settings_path() -> Path:

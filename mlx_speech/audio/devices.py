@@ -22,7 +22,8 @@ _PERMISSION_HINT = (
 )
 
 
-def _sounddevice():
+def sounddevice_module():
+    """The `sounddevice` module (PortAudio); DeviceError when it or PortAudio is missing."""
     try:
         with optional("live", "live audio", DeviceError):
             import sounddevice
@@ -34,7 +35,7 @@ def _sounddevice():
 def check_live_audio(speaker: bool = False) -> None:
     """Raise now, before a model loads, when sounddevice or PortAudio is missing or there is no
     microphone (and, with `speaker`, no audio output device)."""
-    _sounddevice()
+    sounddevice_module()
     Microphone.check()
     if speaker:
         Speaker.check()
@@ -115,7 +116,7 @@ class Microphone:
     def check(device: int | str | None = None):
         """Raise DeviceError now if there is no microphone (`device`: a name or index); returns
         the sounddevice module. Commands call it before they load a model."""
-        sd = _sounddevice()
+        sd = sounddevice_module()
         try:
             sd.query_devices(device, kind="input")
         except (ValueError, sd.PortAudioError):
@@ -196,7 +197,7 @@ def check_output_device(device: int | str | None = None, *, hint: str = "") -> N
 
 def _speaker_sounddevice(hint: str):
     try:
-        return _sounddevice()
+        return sounddevice_module()
     except DeviceError as e:
         raise DeviceError(f"{e}{hint}") from None
 

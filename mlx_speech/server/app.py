@@ -20,13 +20,13 @@ from starlette.datastructures import UploadFile
 from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
-from .engine import BufferFull
+from .jobs import AsrStream, BufferFull, SpeechJob, Steps
 from .limits import Limits, default_max_sessions, while_connected
 from .security import Defences
-from .validate import FILE_RATES, Invalid
+from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
-from .vocabulary import logprob_entries, request_vocabulary, result_logprobs, session_factory
+from .vocabulary import logprob_entries, result_logprobs, session_factory
 from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
@@ -211,7 +211,7 @@ def create_app(served: Served) -> FastAPI:
                               f"{', '.join(TRANSCRIPT_FORMATS)}, got {fmt!r}",
                               param="response_format")
         stream = (_field(form, "stream") or "false").lower() in ("true", "1")
-        diarize = _diarize_request(served, fmt, _field(form, "diarize"), stream)
+        diarize = diarize_form(form, fmt, stream, served.diarizer is not None)
         grans = set(form.getlist("timestamp_granularities[]")
                     + form.getlist("timestamp_granularities"))
         data = await f.read(served.max_upload_bytes + 1)
@@ -222,17 +222,11 @@ def create_app(served: Served) -> FastAPI:
         del data
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        try:
-            hw = ",".join(form.getlist("hotwords") + form.getlist("hotwords[]")) or None
-            vocab = request_vocabulary(hw, _field(form, "prompt"), _field(form, "boost"))
-        except MlxSpeechError as e:
-            raise _http_error(400, str(e), param="hotwords") from None
+        vocabulary = form_vocabulary(form)
         include = form.getlist("include[]") + form.getlist("include")
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
-        if want_lp:
-            vocab = {**vocab, "logprobs": True}
-        s = served.engine.open_asr(model, session_factory(model, vocab), AsyncSink(q, loop),
-                                   max_samples=len(audio))
+        s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary, want_lp),
+                                           AsyncSink(q, loop), max_samples=len(audio)))
         try:
             s.push(audio)
         except BufferFull as e:
@@ -252,10 +246,12 @@ def create_app(served: Served) -> FastAPI:
         if diarize:  # diarized_json, or diarize=true on verbose_json
             from .diarization import diarize_upload, diarized_json, speaker_fields
 
-            try:
-                d = await diarize_upload(served, audio, result, AsyncSink)
+            try:  # the client gone: the diarizer stream is closed, as the transcription's
+                d = await while_connected(request, diarize_upload(served, audio, result))
             except RuntimeError as e:
                 raise _http_error(500, str(e)) from None
+            if d is None:
+                return Response(status_code=499)
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
@@ -326,9 +322,9 @@ def create_app(served: Served) -> FastAPI:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         gone = threading.Event()  # the client left: generation stops before the next frame
-        job = served.engine.open_speech(
+        job = served.engine.submit(SpeechJob(
             lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
-                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop))
+                                 should_stop=gone.is_set, **chunking), AsyncSink(q, loop), model))
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if stream_format == "sse":
@@ -470,24 +466,20 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
 
 
 async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
-    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as a job
-    advanced one 16 s piece per tick (live streams step in between); its last chunk is the
-    breaks."""
-    from types import SimpleNamespace
-
+    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as steps
+    of one 16 s piece per tick (live streams step in between); its last step is the breaks."""
     from ..transcript import pause_break_steps
 
     if rate != 16000:
         return []
     q: asyncio.Queue = asyncio.Queue()
-    job = served.engine.open_speech(
-        lambda: (SimpleNamespace(samples=b) for b in pause_break_steps(served.vad, audio)),
-        AsyncSink(q, asyncio.get_running_loop()))
+    job = served.engine.submit(Steps(lambda: pause_break_steps(served.vad, audio),
+                                     AsyncSink(q, asyncio.get_running_loop()), served.vad))
     breaks = []
     try:
         while True:
             ev = await q.get()
-            if ev[0] == "audio":
+            if ev[0] == "step":
                 breaks = ev[1]
             elif ev[0] == "done":
                 return breaks or []
@@ -495,25 +487,6 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
                 raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
     finally:
         job.close()  # the client gone: dropped at the engine's next step
-
-
-def _diarize_request(served: Served, fmt: str, diarize: str | None, stream: bool) -> bool:
-    """Whether to label speakers: response_format=diarized_json, or diarize=true (Mistral's
-    field) with verbose_json; a 400 when the server has no diarizer or the form cannot hold
-    speakers."""
-    on = fmt == "diarized_json" or (diarize or "false").lower() in ("true", "1")
-    if not on:
-        return False
-    if served.diarizer is None:
-        raise _http_error(400, "this server has no diarizer (start it with --diarizer)",
-                          param="diarize" if fmt != "diarized_json" else "response_format")
-    if fmt not in ("diarized_json", "verbose_json"):
-        raise _http_error(400, "diarize=true needs response_format verbose_json (or use "
-                          "diarized_json)", param="diarize")
-    if stream:
-        raise _http_error(400, "speaker labels are not streamed; use stream=false",
-                          param="stream")
-    return True
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),

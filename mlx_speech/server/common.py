@@ -14,8 +14,8 @@ KINDS = {"asr": "speech-to-text", "tts": "text-to-speech", "duplex": "full-duple
 
 
 def model_kind(model) -> str:
-    """The model's own `kind`, when it is one the server serves."""
-    kind = getattr(model, "kind", None)
+    """The model's `kind` (the model contract), when it is one the server serves."""
+    kind = model.kind
     if kind not in KINDS:
         raise ValueError(f"cannot serve a {type(model).__name__} (kind {kind!r})")
     return kind
@@ -52,13 +52,13 @@ class Served:
 
     def details(self, model_id: str) -> dict:
         """What a client needs beyond the kind: the sample rate, the voices (TTS, PersonaPlex),
-        the duplex family (kyutai or personaplex)."""
+        whether a duplex model takes voice and role prompts (`roles`: PersonaPlex)."""
         m = self.models[model_id]
         out = {"sample_rate": m.sample_rate}
         if self.kind(model_id) != "asr":
             out["voices"] = list(m.voices)
         if self.kind(model_id) == "duplex":
-            out["family"] = m.family
+            out["roles"] = m.roles
         if self.kind(model_id) == "asr" and self.diarizer is not None:
             out["diarize"] = True  # the server can label speakers (--diarizer)
         return out

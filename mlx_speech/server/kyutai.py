@@ -22,7 +22,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from . import limits
 from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
-from .engine import BufferFull
+from .jobs import BufferFull, Conversation
 from .security import resolve_voice
 from .validate import Invalid, kyutai_query
 
@@ -100,8 +100,8 @@ async def _chat(ws: WebSocket, served: Served) -> None:
         kwargs["seed"] = int(seed)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    s = served.engine.open_duplex(model, lambda: model.session(**kwargs),
-                                  AsyncSink(q, loop))
+    s = served.engine.submit(Conversation(model, lambda: model.session(**kwargs),
+                                          AsyncSink(q, loop)))
     if fmt == "opus":
         reader = sphn.OpusStreamReader(model.sample_rate)
         writer = sphn.OpusStreamWriter(model.sample_rate)

@@ -39,14 +39,6 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _weights_bytes(model) -> int:
-    from mlx.utils import tree_flatten
-
-    mods = [getattr(model, n) for n in ("lm", "mimi", "model") if hasattr(model, n)]
-    return sum(v.nbytes for m in mods if hasattr(m, "parameters")
-               for _, v in tree_flatten(m.parameters()))
-
-
 def duplex_session_bytes(model) -> int:
     """A conversation's memory: its LM's KV cache (keys and values of every layer over the
     whole context, 16-bit), plus ~64 MB of Mimi state and buffers."""
@@ -59,27 +51,18 @@ def default_max_sessions(models: dict) -> int:
     batched into shared steps); with a full-duplex model, as many conversations as half the
     machine's memory holds after the weights (each has its own KV cache: ~1.6 GB for a 7B
     Moshi at its 3000-step context), between 1 and 64."""
-    from .common import model_kind
-
-    duplex = [m for m in models.values() if _kind(model_kind, m) == "duplex"]
+    duplex = [m for m in models.values() if m.kind == "duplex"]
     if not duplex:
         return 64
     try:
         ram = _physical_memory()
         if ram is None:
             return 8
-        weights = sum(_weights_bytes(m) for m in models.values())
+        weights = sum(m.weight_bytes() for m in models.values())
         per = max(duplex_session_bytes(m) for m in duplex)
         return int(min(64, max(1, (ram // 2 - weights) // per)))
     except Exception:  # a model without the expected config: a fixed guess
         return 8
-
-
-def _kind(model_kind, m) -> str | None:
-    try:
-        return model_kind(m)
-    except ValueError:
-        return None
 
 
 def _client_ip(scope) -> str:

@@ -30,14 +30,14 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
-from ..errors import MlxSpeechError
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
-from .engine import BufferFull
-from .validate import Invalid, append_samples, realtime_event
+from .diarization import NO_SPEAKERS, ConnectionSpeakers
+from .jobs import AsrStream, BufferFull
+from .turns import TurnStream
+from .validate import Invalid, append_samples, realtime_event, vocabulary
 from .vocabulary import (
     LOGPROBS_INCLUDE,
     logprob_entries,
-    request_vocabulary,
     result_logprobs,
     session_factory,
     words_field,
@@ -63,8 +63,17 @@ def _pcm16(b64) -> np.ndarray:
     return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
 
 
+def _feed(stream, speakers, x: np.ndarray) -> None:
+    """Audio an item or the turns take, and the connection's speakers beside it (one
+    timeline); BufferFull when the stream's queue is full."""
+    stream.push(x)
+    speakers.push(x)
+
+
 class _Connection:
     """One client: a reader (client events) and a writer (one queue, one sender)."""
+
+    openai = False  # the dialect whose events realtime_event checks
 
     def __init__(self, ws: WebSocket, served: Served):
         self.ws, self.served = ws, served
@@ -75,21 +84,33 @@ class _Connection:
         self.texts: dict[str, TextDeltas] = {}
         self.model_id: str | None = None
         self.model = None
-        self.vocab: dict = {}  # phrase boosting of the next sessions (server/vocabulary.py)
+        self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
+        self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
 
-    def open_stream(self, item: str):
-        s = self.engine.open_asr(self.model, session_factory(self.model, self.session_kw()),
-                                 AsyncSink(self.out, self.loop, item))
+    def open_stream(self, item: str, make_session) -> AsrStream:
+        s = self.engine.submit(AsrStream(self.model, make_session,
+                                         AsyncSink(self.out, self.loop, item)))
         self.streams[item] = s
         self.texts[item] = TextDeltas()
         return s
 
-    def session_kw(self) -> dict:
-        return {**self.vocab, **({"logprobs": True} if self.logprobs else {})}
+    def diarize(self) -> bool:
+        """Speakers on the items from now on (once per connection); False when the server
+        has no diarizer."""
+        if self.served.diarizer is None:
+            return False
+        if not self.speakers.on:
+            self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
+                                               AsyncSink(self.out, self.loop, "speakers"))
+        return True
+
+    def session_factory(self, model, **kw):
+        """`model`'s session factory with this connection's vocabulary and logprobs."""
+        return session_factory(model, self.vocabulary, self.logprobs, **kw)
 
     def set_include(self, include) -> str | None:
         """OpenAI's `include`; an error message for a bad one."""
@@ -105,6 +126,9 @@ class _Connection:
             tag, ev = await self.out.get()
             if tag == "local":
                 await self.ws.send_text(json.dumps(ev))
+                continue
+            if tag == "speakers":
+                self.speakers.event(ev)
                 continue
             try:
                 outs = self.engine_event(tag, ev)
@@ -132,8 +156,7 @@ class _Connection:
             for s in self.streams.values():  # free every session at once
                 s.close()
             self.streams.clear()
-            if getattr(self, "speakers", None) is not None:  # diarize: true
-                self.speakers.close()
+            self.speakers.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(), 1.0)
             writer.cancel()
@@ -170,7 +193,7 @@ class _Connection:
                 self.error("invalid_json", "the message is not a JSON object")
                 continue
             try:
-                realtime_event(event, isinstance(self, OpenAIConnection))
+                realtime_event(event, self.openai)
             except Invalid as e:
                 self.invalid(e, event)
                 continue
@@ -219,7 +242,6 @@ class VllmConnection(_Connection):
         self.item: str | None = None  # the running utterance
         self.n_items = 0
         self.seconds: dict[str, float] = {}
-        self.speakers = None  # session.update diarize: true -> a ConnectionSpeakers
 
     def hello(self) -> None:
         self.send({"type": "session.created", "id": f"sess-{secrets.token_hex(12)}",
@@ -236,20 +258,14 @@ class VllmConnection(_Connection):
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
                 return
-            if event.get("diarize") and self.speakers is None:  # speakers on each utterance
-                if self.served.diarizer is None:
-                    self.error("invalid_value", "this server has no diarizer (start it with "
-                               "--diarizer)")
-                    return
-                from .diarization import ConnectionSpeakers
-
-                self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
-                                                   AsyncSink(self.out, self.loop, "speakers"))
+            if event.get("diarize") and not self.diarize():  # speakers on each utterance
+                self.error("invalid_value", "this server has no diarizer (start it with "
+                           "--diarizer)")
+                return
             try:  # extension: hotwords / boost for the next utterances
                 if "hotwords" in event or "boost" in event:
-                    self.vocab = request_vocabulary(event.get("hotwords"), None,
-                                                    event.get("boost"))
-            except MlxSpeechError as e:
+                    self.vocabulary = vocabulary(event.get("hotwords"), None, event.get("boost"))
+            except Invalid as e:
                 self.error("invalid_value", str(e))
             if err := self.set_include(event.get("include")):  # extension, as OpenAI's
                 self.error("invalid_value", err)
@@ -290,32 +306,24 @@ class VllmConnection(_Connection):
         if self.model.sample_rate != VLLM_RATE:  # never the case for the served models
             raise RuntimeError("vLLM's dialect carries 16 kHz audio")
         try:
-            s.push(x)
+            _feed(s, self.speakers, x)
             self.seconds[self.item] += len(x) / VLLM_RATE
-            if self.speakers is not None:
-                self.speakers.push(x)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken")
 
     def start(self) -> None:
         self.n_items += 1
         self.item = f"utt-{self.n_items}"
-        s = self.open_stream(self.item)
+        s = self.open_stream(self.item, self.session_factory(self.model))
         self.seconds[self.item] = 0.0
-        if self.speakers is not None:
-            self.speakers.start_item(self.item)
+        self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
         if pending:
             x = np.concatenate(pending)
-            s.push(x)
+            _feed(s, self.speakers, x)
             self.seconds[self.item] += len(x) / VLLM_RATE
-            if self.speakers is not None:
-                self.speakers.push(x)
 
     def engine_event(self, item: str, ev) -> list[dict]:
-        if item == "speakers":
-            self.speakers.event(ev)
-            return []
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
             d = text.add(ev[1])
@@ -334,7 +342,7 @@ class VllmConnection(_Connection):
                 extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "transcription.done", "text": result.text,
                         "usage": usage(result, self.seconds.pop(item, 0.0)), **extra,
-                        **(self.speakers.fields(item, result) if self.speakers else {})})
+                        **self.speakers.fields(item, result)})
             self.stream_done(item)
             return out
         if ev[0] == "error":
@@ -345,9 +353,6 @@ class VllmConnection(_Connection):
         return []
 
 
-# OpenAI's `transcription.delay` -> each model family's own streaming delay
-VOXTRAL_DELAY_MS = {"minimal": 80, "low": 240, "medium": 480, "high": 960, "xhigh": 2400}
-NEMOTRON_LATENCY_MS = {"minimal": 80, "low": 160, "medium": 560, "high": 1120, "xhigh": 1120}
 NO_VAD = ("server-side turn detection needs the Silero VAD weights, which this server could "
           "not load (it was started with --no-vad, or mlx_speech's packaged weights are "
           "missing: start it with --vad PATH); until then send turn_detection: null and commit "
@@ -366,6 +371,8 @@ class OpenAIConnection(_Connection):
     then the item's deltas and completed, in OpenAI's order (deltas decoded before the commit
     are held until it)."""
 
+    openai = True
+
     def __init__(self, ws, served):
         super().__init__(ws, served)
         self.rate = OPENAI_RATE
@@ -379,7 +386,6 @@ class OpenAIConnection(_Connection):
         self.turns = None  # the TurnStream, once audio came in VAD mode
         self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
         self.legacy = False
-        self.speakers = None  # transcription.diarize: a ConnectionSpeakers
         try:  # ?model=..., else the only ASR model when there is one
             self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
@@ -393,10 +399,10 @@ class OpenAIConnection(_Connection):
         tr = {"model": self.model_id}
         if self.delay is not None:
             tr["delay"] = self.delay
-        if self.speakers is not None:
+        if self.speakers.on:
             tr["diarize"] = True
-        if self.vocab:
-            tr["hotwords"], tr["boost"] = self.vocab["hotwords"], self.vocab["boost"]
+        if self.vocabulary is not None:
+            tr["hotwords"], tr["boost"] = list(self.vocabulary.phrases), self.vocabulary.boost
         td = self.turn_config.to_openai() if self.turn_config is not None else None
         if self.legacy:
             return {"id": self.session_id, "object": "realtime.transcription_session",
@@ -451,10 +457,7 @@ class OpenAIConnection(_Connection):
                 return
             s, item = self.streams[self.item], self.item
             try:
-                tail = self.resampler.finish()
-                s.push(tail)
-                if self.speakers is not None:
-                    self.speakers.push(tail)
+                _feed(s, self.speakers, self.resampler.finish())
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; the turn's tail was not taken", eid)
             s.end()
@@ -543,28 +546,18 @@ class OpenAIConnection(_Connection):
             self.error("invalid_value", err, eid, "session.include")
             return
         tr = inp.get("transcription") or {}
-        if tr.get("diarize") and self.speakers is None:  # speakers on completed items
-            if self.served.diarizer is None:
-                self.error("invalid_value", "this server has no diarizer (start it with "
-                           "--diarizer)", eid, "session.audio.input.transcription.diarize")
-                return
-            from .diarization import ConnectionSpeakers
-
-            self.speakers = ConnectionSpeakers(self.engine, self.served.diarizer,
-                                               AsyncSink(self.out, self.loop, "speakers"))
-        vocab = self.vocab
+        if tr.get("diarize") and not self.diarize():  # speakers on completed items
+            self.error("invalid_value", "this server has no diarizer (start it with "
+                       "--diarizer)", eid, "session.audio.input.transcription.diarize")
+            return
+        vocab = self.vocabulary
         if any(k in tr for k in ("hotwords", "boost", "prompt")):
             try:  # hotwords / boost: an extension; prompt: OpenAI's, read as phrases
-                vocab = request_vocabulary(tr.get("hotwords"), tr.get("prompt"),
-                                           tr.get("boost"))
-            except MlxSpeechError as e:
+                vocab = vocabulary(tr.get("hotwords"), tr.get("prompt"), tr.get("boost"))
+            except Invalid as e:
                 self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
                 return
-        delay = tr.get("delay", self.delay)
-        if delay is not None and delay not in VOXTRAL_DELAY_MS:
-            self.error("invalid_value", f"transcription.delay must be one of "
-                       f"{', '.join(VOXTRAL_DELAY_MS)}, got {delay!r}", eid)
-            return
+        delay = tr.get("delay", self.delay)  # one of DELAY_NAMES (checked by realtime_event)
         model_id, model = self.model_id, self.model
         name = tr.get("model")
         if name is not None:
@@ -578,7 +571,7 @@ class OpenAIConnection(_Connection):
                        "with turn detection on", eid)
             return
         self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
-        self.vocab = vocab  # the next turns' sessions take it
+        self.vocabulary = vocab  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
                 self.turns.close()
@@ -592,11 +585,10 @@ class OpenAIConnection(_Connection):
 
     def make_session(self):
         """The ASR session factory for this connection's model and delay (engine thread)."""
-        model, delay = self.model, self.delay
-        if delay is None:
-            return lambda: session_factory(model, self.session_kw())()
-        ms = (VOXTRAL_DELAY_MS if model.family == "voxtral" else NEMOTRON_LATENCY_MS)[delay]
-        return lambda: session_factory(model, self.session_kw(), latency_ms=ms)()
+        model = self.model  # the vocabulary as it is when each turn's session is made
+        kw = {} if self.delay is None else {  # OpenAI's delay names, in the family's latencies
+            "latency_ms": model.latency.preset(self.delay)}
+        return lambda: self.session_factory(model, **kw)()
 
     def invalid(self, e: Invalid, event: dict) -> None:
         eid = event.get("event_id")
@@ -611,39 +603,30 @@ class OpenAIConnection(_Connection):
         if self.turn_config is not None:
             if self.turns is None:
                 self.resampler = StreamingResampler(self.rate, 16000)
-                self.turns = self.engine.open_turns(
+                self.turns = self.engine.submit(TurnStream(
                     self.served.vad, self.model, self.make_session(),
                     AsyncSink(self.out, self.loop, "turns"),
                     lambda item: AsyncSink(self.out, self.loop, item), self.turn_config,
-                    lambda: f"item_{secrets.token_hex(8)}")
+                    lambda: f"item_{secrets.token_hex(8)}"))
                 self.streams["turns"] = self.turns
-                if self.speakers is not None:
-                    self.speakers.base = self.speakers.pushed
+                self.speakers.start_turns()
             turns, resampler, speakers = self.turns, self.resampler, self.speakers
             y = await asyncio.to_thread(resampler.feed, x)  # off the event loop
             try:
-                turns.push(y)
-                if speakers is not None:  # what the turns took, on one timeline
-                    speakers.push(y)
+                _feed(turns, speakers, y)
             except BufferFull as e:
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
         if self.item is None:
             self.item = f"item_{secrets.token_hex(8)}"
             self.resampler = StreamingResampler(self.rate, self.model.sample_rate)
-            s = self.engine.open_asr(self.model, self.make_session(),
-                                     AsyncSink(self.out, self.loop, self.item))
-            self.streams[self.item] = s
-            self.texts[self.item] = TextDeltas()
-            if self.speakers is not None:
-                self.speakers.start_item(self.item)
+            self.open_stream(self.item, self.make_session())
+            self.speakers.start_item(self.item)
         # resample first (its state must see every sample), then queue; off the event loop
         s, resampler, speakers = self.streams[self.item], self.resampler, self.speakers
         y = await asyncio.to_thread(resampler.feed, x)
         try:
-            s.push(y)
-            if speakers is not None:  # what the item took, on one timeline
-                speakers.push(y)
+            _feed(s, speakers, y)
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken", eid)
 
@@ -653,8 +636,7 @@ class OpenAIConnection(_Connection):
         kind = ev[0]
         base = {"event_id": self._event_id()}
         if kind == "started":
-            if self.speakers is not None:
-                self.speakers.start_item(ev[1], ev[2])
+            self.speakers.start_item(ev[1], ev[2])
             self.texts[ev[1]] = TextDeltas()
             self.held[ev[1]] = []
             return [{"type": "input_audio_buffer.speech_started", **base, "item_id": ev[1],
@@ -665,8 +647,7 @@ class OpenAIConnection(_Connection):
                 out.append({"type": "input_audio_buffer.speech_stopped", **base,
                             "item_id": item, "audio_end_ms": _ms(ev[2])})
             elif kind == "timeout":
-                if self.speakers is not None:
-                    self.speakers.start_item(item, ev[2])
+                self.speakers.start_item(item, ev[2])
                 self.texts[item] = TextDeltas()
                 out.append({"type": "input_audio_buffer.timeout_triggered", **base,
                             "item_id": item, "audio_start_ms": _ms(ev[2]),
@@ -689,9 +670,6 @@ class OpenAIConnection(_Connection):
     def engine_event(self, item: str, ev) -> list[dict]:
         if item == "turns":
             return self.turn_event(ev)
-        if item == "speakers":
-            self.speakers.event(ev)
-            return []
         text = self.texts.get(item)
         base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
         out = []
@@ -715,7 +693,7 @@ class OpenAIConnection(_Connection):
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
                                   "total_tokens": u["total_tokens"]}, **extra,
-                        **(self.speakers.fields(item, result) if self.speakers else {})})
+                        **self.speakers.fields(item, result)})
             self.stream_done(item)
         elif ev[0] == "error":
             self.stream_done(item)

@@ -4,11 +4,11 @@ its turns transcribed by one engine stream each.
 A `TurnStream` is a connection's whole audio (16 kHz). On the engine thread every tick takes
 the audio queued since the last one, runs the Silero VAD of every stream that has whole
 32 ms frames in one batched call (`VADState.stack` / `split`), and lets `TurnAudio` cut turns.
-A turn is its own ASR session (an `AsrStream`, batched with every other stream of its model),
-opened when speech starts and fed the turn's prefix, then its audio as the VAD passes it;
-speech stopped (or the client's commit) ends it. So no audio is doubled or dropped at a
-boundary, a turn's text is the library's transcription of exactly its span, and the work per
-turn does not grow with the number of turns before it.
+A turn is its own ASR session (an `AsrStream` submitted to the engine, batched with every
+other stream of its model), opened when speech starts and fed the turn's prefix, then its
+audio as the VAD passes it; speech stopped (or the client's commit) ends it. So no audio is
+doubled or dropped at a boundary, a turn's text is the library's transcription of exactly its
+span, and the work per turn does not grow with the number of turns before it.
 
 Client commits and clears travel in order with the audio (`control`).
 """
@@ -23,24 +23,27 @@ from collections.abc import Callable
 import numpy as np
 
 from ..audio.turns import FRAME, SAMPLE_RATE, TurnAudio, TurnConfig, TurnDetector, frame_pitch
-from .engine import AsrStream, BufferFull, Engine, Sink, _Stream
+from .jobs import MAX_FEED_S, AsrStream, AudioJob, BufferFull, Sink
 
 log = logging.getLogger("mlx_speech.server")
 
 
-class TurnStream(_Stream):
-    """Events (to `sink`): ("started", item, start_sample), ("stopped", item, end_sample),
-    ("committed", item, end_sample, event_id) for a client commit, ("commit_empty", event_id),
-    ("cleared", event_id), ("timeout", item, start_sample, end_sample), ("error", code, msg).
-    Each item's text comes from its own AsrStream, whose events go to `item_sink(item)`."""
+class TurnStream(AudioJob):
+    """A connection's 16 kHz audio cut into turns by `vad`, each transcribed by `asr` (an ASR
+    model; `make_session` makes a turn's session). Events (to `sink`): ("started", item,
+    start_sample), ("stopped", item, end_sample), ("committed", item, end_sample, event_id)
+    for a client commit, ("commit_empty", event_id), ("cleared", event_id), ("timeout", item,
+    start_sample, end_sample), ("error", code, msg). Each item's text comes from its own
+    AsrStream, whose events go to `item_sink(item)`. The streams of one VAD share its batched
+    calls."""
 
-    cuts_turns = True  # the engine steps these through step_turns
+    phase = 0  # before the transcription streams: it opens, feeds and ends them this tick
 
-    def __init__(self, engine: Engine, vad, owner, make_session: Callable, sink: Sink,
+    def __init__(self, vad, asr, make_session: Callable, sink: Sink,
                  item_sink: Callable[[str], Sink], config: TurnConfig,
-                 new_item: Callable[[], str], max_samples: int):
-        super().__init__(engine, sink, max_samples)
-        self.vad, self.owner, self.make_session = vad, owner, make_session
+                 new_item: Callable[[], str]):
+        super().__init__(vad, sink)
+        self.vad, self.asr, self.make_session = vad, asr, make_session
         self.item_sink, self.new_item = item_sink, new_item
         self.audio = TurnAudio(TurnDetector(config))
         self.vad_state = None  # made on the engine thread
@@ -69,20 +72,13 @@ class TurnStream(_Stream):
             self.turn.close()
 
     # -- the engine thread -----------------------------------------------------
-    def _open_item(self, item: str) -> AsrStream | None:
-        eng = self.engine
-        s = AsrStream(eng, self.owner, self.make_session, self.item_sink(item),
-                      int(eng.max_buffer_s * self.owner.sample_rate))
-        try:
-            s.session = self.make_session()
-        except Exception as e:
-            s.fail("processing_error", str(e))
-            return None
-        eng._streams.append(s)
-        return s
+    def _open_item(self, item: str) -> AsrStream:
+        """The item's transcription, adopted (its session made) before the engine steps the
+        transcription streams of this tick."""
+        return self.engine.submit(AsrStream(self.asr, self.make_session, self.item_sink(item)))
 
-    def _feed_item(self, s: AsrStream | None, x: np.ndarray) -> None:
-        if s is None or s.finished:
+    def _feed_item(self, s: AsrStream, x: np.ndarray) -> None:
+        if s.finished:
             return
         try:
             s.input.push(x)
@@ -110,8 +106,7 @@ class TurnStream(_Stream):
                 self.emit(("timeout", item, a[1], a[2]))
                 s = self._open_item(item)
                 self._feed_item(s, a[3])
-                if s is not None:
-                    s.end()
+                s.end()
 
     def run_control(self, op: str, arg) -> None:
         if op == "commit":
@@ -129,37 +124,34 @@ class TurnStream(_Stream):
         elif op == "config":
             self.audio.detector.reconfigure(arg)
 
-
-def step_turns(engine: Engine, streams: list[TurnStream], max_feed_s: float) -> bool:
-    """One tick of every turn stream: take audio (up to the next control), batched VAD,
-    turn actions, then the controls reached. False when there was nothing to do."""
-    busy = False
-    for s in streams:
-        limit = int(max_feed_s * SAMPLE_RATE)
-        if s.controls:
-            limit = min(limit, s.controls[0][0] - s.taken)
-        if limit > 0 and s.input.pending:
-            x = s.input.take(limit)
-            s.taken += len(x)
-            s.audio.push(x)
-            busy = True
-    groups: dict[int, list[TurnStream]] = {}
-    for s in streams:
-        if s.audio.received - s.audio.seen >= FRAME:
-            groups.setdefault(id(s.vad), []).append(s)
-    for group in groups.values():
-        try:
-            _vad_group(group)
-        except Exception as e:
-            log.exception("VAD step failed")
-            for s in group:
-                s.fail("processing_error", f"VAD step failed: {e}")
-    for s in streams:
-        while s.controls and s.controls[0][0] <= s.taken and not s.finished:
-            _, op, arg = s.controls.popleft()
-            s.run_control(op, arg)
-            busy = True
-    return busy
+    @classmethod
+    def step_many(cls, engine, streams: list[TurnStream]) -> bool:
+        """One tick of the turn streams of one VAD: take audio (up to the next control),
+        batched VAD, turn actions, then the controls reached."""
+        busy = False
+        for s in streams:
+            limit = int(MAX_FEED_S * SAMPLE_RATE)
+            if s.controls:
+                limit = min(limit, s.controls[0][0] - s.taken)
+            if limit > 0 and s.input.pending:
+                x = s.input.take(limit)
+                s.taken += len(x)
+                s.audio.push(x)
+                busy = True
+        group = [s for s in streams if s.audio.received - s.audio.seen >= FRAME]
+        if group:
+            try:
+                _vad_group(group)
+            except Exception as e:
+                log.exception("VAD step failed")
+                for s in group:
+                    s.fail("processing_error", f"VAD step failed: {e}")
+        for s in streams:
+            while s.controls and s.controls[0][0] <= s.taken and not s.finished:
+                _, op, arg = s.controls.popleft()
+                s.run_control(op, arg)
+                busy = True
+        return busy
 
 
 def _vad_group(group: list[TurnStream]) -> None:

@@ -1,9 +1,11 @@
 """Checks at the edge: one schema per client message, REST body and query.
 
 Every value a client sends is checked here, by type and range, before any of it reaches a
-handler's logic or the engine. A bad value raises `Invalid(param, message)`; each route
-answers it in its protocol's own error shape (an `invalid_request_error` event on the realtime
-socket, a 400 JSON body naming the field on REST, an 0x05 message on Kyutai's socket).
+handler's logic or the engine; the vocabulary (hotwords, boost, OpenAI's prompt as phrases) is
+parsed here once into a `Vocabulary`, and a REST request's speaker labels (diarize) decided. A
+bad value raises `Invalid(param, message)`; each route answers it in its protocol's own error
+shape (an `invalid_request_error` event on the realtime socket, a 400 JSON body naming the
+field on REST, an 0x05 message on Kyutai's socket).
 
 Schemas are small callables `(value, param) -> value`; objects check only the fields they
 name (clients send extra fields, which are ignored as OpenAI's and vLLM's servers do). bool
@@ -13,6 +15,9 @@ is never taken for an int or a number, and a list or object is never taken for a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+
+from ..errors import MlxSpeechError
+from ..models.base import DELAY_NAMES
 
 SEED_MAX = 2**63 - 1
 # what real clients send: telephony 8 kHz up to 48 kHz (OpenAI's default is 24 kHz)
@@ -142,7 +147,7 @@ _event_id = nullable(string(max_len=128))
 _audio = string(max_len=1 << 30)  # base64; its size is bounded by the frame limit
 
 VLLM_EVENTS: dict[str, Check] = {
-    "session.update": obj({"model": _name, "event_id": _event_id}),
+    "session.update": obj({"model": _name, "event_id": _event_id, "diarize": nullable(boolean)}),
     "input_audio_buffer.append": obj({"audio": _audio}, required=("audio",)),
     "input_audio_buffer.commit": obj({"final": nullable(boolean)}),
 }
@@ -158,8 +163,8 @@ _turn_detection = nullable(obj({
     "interrupt_response": anything,
 }))
 _transcription = nullable(obj({
-    "model": _name, "delay": _name, "language": _name,
-    "prompt": nullable(string(max_len=MAX_TEXT_CHARS)),
+    "model": _name, "delay": nullable(string(DELAY_NAMES)), "language": _name,
+    "prompt": nullable(string(max_len=MAX_TEXT_CHARS)), "diarize": nullable(boolean),
 }))
 _format = nullable(obj({"type": string(), "rate": integer(8000, 48000, STREAM_RATES)}))
 _session = obj({
@@ -204,6 +209,26 @@ def append_samples(b64: str) -> int:
     return len(b64) * 3 // 8
 
 
+# ---------------------------------------------------------------- the vocabulary
+
+
+def vocabulary(hotwords=None, prompt=None, boost=None, param: str = "hotwords"):
+    """A request's vocabulary (a `Vocabulary`, or None: nothing to boost), parsed once:
+    `hotwords` (a list or a comma-separated string), else OpenAI's `prompt` when it reads as
+    a phrase list (server/vocabulary.py), weighted by `boost` (None or "": the default).
+    Raises Invalid(param, reason)."""
+    from ..text.vocabulary import Vocabulary
+    from .vocabulary import prompt_phrases
+
+    if hotwords is not None and not isinstance(hotwords, (str, list)):
+        raise Invalid(param, "hotwords must be a list of phrases or a comma-separated string")
+    try:
+        return Vocabulary.parse(hotwords if hotwords else prompt_phrases(prompt),
+                                None if boost in (None, "") else boost)
+    except MlxSpeechError as e:
+        raise Invalid(param, str(e)) from None
+
+
 # ---------------------------------------------------------------- REST
 
 
@@ -224,7 +249,8 @@ def speech_body(body, max_frames_cap: int, max_chars: int = MAX_TEXT_CHARS) -> d
 
 
 TRANSCRIPTION_FIELDS = ("model", "response_format", "stream", "language", "prompt",
-                        "temperature", "chunking_strategy")
+                        "temperature", "chunking_strategy", "boost", "diarize")
+HOTWORDS_FIELDS = ("hotwords", "hotwords[]")
 
 
 def transcription_form(form) -> None:
@@ -245,6 +271,41 @@ def transcription_form(form) -> None:
     s = form.get("stream")
     if isinstance(s, str) and s and s.lower() not in ("true", "false", "1", "0"):
         raise Invalid("stream", "stream must be true or false")
+
+
+def _form_text(form, name: str) -> str | None:
+    v = form.get(name)
+    return v if isinstance(v, str) and v != "" else None
+
+
+def form_vocabulary(form):
+    """POST /v1/audio/transcriptions: `hotwords` / `hotwords[]` (text fields; several values,
+    or commas, make one list), `prompt`, `boost` -> the request's vocabulary (`vocabulary`)."""
+    from ..text.vocabulary import MAX_INPUT_CHARS
+
+    items = [string(max_len=MAX_INPUT_CHARS)(v, k) for k in HOTWORDS_FIELDS
+             for v in form.getlist(k)]
+    return vocabulary(",".join(items) or None, _form_text(form, "prompt"),
+                      _form_text(form, "boost"))
+
+
+def diarize_form(form, fmt: str, stream: bool, have_diarizer: bool) -> bool:
+    """Whether to label speakers: response_format=diarized_json, or diarize=true (Mistral's
+    field) with verbose_json; Invalid when the server has no diarizer or the form cannot hold
+    speakers."""
+    on = fmt == "diarized_json" or (_form_text(form, "diarize") or "false").lower() in (
+        "true", "1")
+    if not on:
+        return False
+    if not have_diarizer:
+        raise Invalid("diarize" if fmt != "diarized_json" else "response_format",
+                      "this server has no diarizer (start it with --diarizer)")
+    if fmt not in ("diarized_json", "verbose_json"):
+        raise Invalid("diarize", "diarize=true needs response_format verbose_json (or use "
+                      "diarized_json)")
+    if stream:
+        raise Invalid("stream", "speaker labels are not streamed; use stream=false")
+    return True
 
 
 # ---------------------------------------------------------------- Kyutai query

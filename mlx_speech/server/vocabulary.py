@@ -1,5 +1,6 @@
-"""Phrase boosting requests: the REST `hotwords` / `boost` fields, OpenAI's `prompt` read as a
-phrase list when it is one, and the realtime `session.update` extension.
+"""The vocabulary's server rules and the transcription extras: OpenAI's `prompt` read as a
+phrase list when it is one, logprobs and word times in OpenAI's shapes, and the session
+factory that carries a request's vocabulary (parsed once, in server/validate.py).
 
 The `prompt` rule: a prompt is a phrase list when, split at commas and newlines, every item
 is at most 4 words and 60 characters and none ends a sentence (`.`, `!`, `?`); e.g.
@@ -12,14 +13,14 @@ from __future__ import annotations
 import functools
 import re
 
-from ..errors import MlxSpeechError
-from ..text.context_graph import DEFAULT_BOOST, check_boost, parse_hotwords
+from ..text.vocabulary import session_keywords
 
 MAX_PROMPT_WORDS, MAX_PROMPT_CHARS = 4, 60
 
 
 def prompt_phrases(prompt: str | None) -> list[str]:
-    """OpenAI's `prompt` as a phrase list, or [] when it reads as prose."""
+    """OpenAI's `prompt` as its phrases (for `Vocabulary.parse`), or [] when it reads as
+    prose."""
     if not isinstance(prompt, str) or not prompt.strip():
         return []
     items = [p.strip() for p in re.split(r"[,\n]", prompt)]
@@ -27,19 +28,7 @@ def prompt_phrases(prompt: str | None) -> list[str]:
     if not items or any(len(p.split()) > MAX_PROMPT_WORDS or len(p) > MAX_PROMPT_CHARS
                         or p[-1] in ".!?" for p in items):
         return []
-    return parse_hotwords(items)
-
-
-def request_vocabulary(hotwords=None, prompt=None, boost=None) -> dict:
-    """Session keywords ({}: nothing to boost). `hotwords`: a list or a comma-separated
-    string. Raises MlxSpeechError with a one-line reason."""
-    if hotwords is not None and not isinstance(hotwords, (str, list)):
-        raise MlxSpeechError("hotwords must be a list of phrases or a comma-separated string")
-    phrases = parse_hotwords(hotwords) if hotwords else prompt_phrases(prompt)
-    b = DEFAULT_BOOST if boost in (None, "") else check_boost(boost)
-    if not phrases or b == 0:
-        return {}
-    return {"hotwords": phrases, "boost": b}
+    return items
 
 
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
@@ -66,13 +55,14 @@ def words_field(result) -> list[dict]:
 
 
 def new_logprobs(session):
-    """The (id, logprob) pairs a session decoded since the last call; None when the session
-    does not keep logprobs (no work then)."""
-    lp = getattr(session, "lp", None)
+    """The (id, logprob) pairs an ASR session decoded since the last call; None when the
+    session does not keep logprobs (`session.lp` is None: no work then)."""
+    lp = session.lp
     return lp.take() if lp is not None and lp.new else None
 
 
-def session_factory(model, vocab: dict, **kw):
-    """`model.session` with the vocabulary (and any streaming-mode keywords) bound."""
-    kw = {**kw, **vocab}
+def session_factory(model, vocabulary=None, logprobs: bool = False, **kw):
+    """`model.session` with the vocabulary (a `Vocabulary` or None), logprobs and any
+    streaming-mode keywords bound."""
+    kw = {**kw, **session_keywords(vocabulary), **({"logprobs": True} if logprobs else {})}
     return functools.partial(model.session, **kw) if kw else model.session

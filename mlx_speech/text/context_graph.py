@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..errors import MlxSpeechError
+from .vocabulary import DEFAULT_BOOST, check_boost  # noqa: F401 (re-exported)
+from .vocabulary import phrases as parse_hotwords  # noqa: F401 (re-exported)
 
-DEFAULT_BOOST = 1.0  # the weight of the graph's scores on the logits (NeMo's alpha)
 CONTEXT_SCORE = 1.0  # NeMo's BoostingTreeModelConfig defaults (RNN-T / TDT / CTC)
 DEPTH_SCALING = 2.0
-MAX_PHRASES = 10000
-MAX_PHRASE_CHARS = 200
 MIN_WIDTH = 8  # the sparse part's width: a power of two at least this
 
 
@@ -185,37 +184,6 @@ class Booster:
         idx[: len(toks)] = toks
         val[: len(vals)] = vals * self.alpha
         return idx, val
-
-
-def parse_hotwords(hotwords: str | Iterable[str] | None) -> list[str]:
-    """A list or a comma/newline-separated string -> clean phrases (order kept, no dups)."""
-    if hotwords is None:
-        return []
-    items = hotwords.replace("\n", ",").split(",") if isinstance(hotwords, str) else hotwords
-    out: list[str] = []
-    for p in items:
-        if not isinstance(p, str):
-            raise MlxSpeechError("hotwords must be strings")
-        p = " ".join(p.split())
-        if not p:
-            continue
-        if len(p) > MAX_PHRASE_CHARS:
-            raise MlxSpeechError(f"a hotword is longer than {MAX_PHRASE_CHARS} characters")
-        if p not in out:
-            out.append(p)
-    if len(out) > MAX_PHRASES:
-        raise MlxSpeechError(f"at most {MAX_PHRASES} hotwords, got {len(out)}")
-    return out
-
-
-def check_boost(boost) -> float:
-    try:
-        b = float(boost)
-    except (TypeError, ValueError):
-        raise MlxSpeechError(f"boost must be a number, got {boost!r}") from None
-    if not (math.isfinite(b) and 0 <= b <= 100):
-        raise MlxSpeechError(f"boost must be between 0 and 100, got {boost!r}")
-    return b
 
 
 class GraphCache:

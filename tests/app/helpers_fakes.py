@@ -18,6 +18,7 @@ from mlx_speech.app.ports import (
     ScriptedSelection,
 )
 from mlx_speech.app.settings import Settings
+from mlx_speech.models.base import DELAY_NAMES, Latency
 
 BLOCK = 1280
 
@@ -113,9 +114,10 @@ class FakeEngine:
 # ---------------------------------------------------------------- fake models for the real Engine
 
 
-class _Result:
+class _Result:  # a Transcript's text and token ids
     def __init__(self, text):
         self.text = text
+        self.token_ids = ()
 
 
 class FakeSession:
@@ -154,8 +156,10 @@ class FakeSession:
 
 
 class FakeASR:
-    kind, family = "asr", "nemotron"
+    kind, family = "asr", "nemotron_streaming"
     sample_rate = 16000
+    latency = Latency("latency", 160, dict(zip(DELAY_NAMES, (80, 160, 560, 1120, 1120),
+                                               strict=True)), choices_ms=(80, 160, 560, 1120))
 
     def __init__(self):
         self.sessions: list[FakeSession] = []

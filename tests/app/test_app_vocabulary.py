@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mlx_speech.app.engine import _session_kwargs
 from mlx_speech.app.settings import Settings, load_settings, save_settings
+from mlx_speech.text.vocabulary import Vocabulary, session_keywords
 from tests.app.helpers_fakes import key, make_app
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -30,16 +31,15 @@ def test_dictation_sessions_get_the_vocabulary():
                                       vocabulary_boost=2.0))
     key(app, clock, "dictate", True)
     begin = next(c for c in app.engine.calls if c[0] == "begin")
-    assert begin[3]["hotwords"] == ["quick brown", "time"] and begin[3]["boost"] == 2.0
+    assert begin[3]["vocabulary"] == Vocabulary(("quick brown", "time"), 2.0)
 
 
 def test_engine_session_keywords_boost_the_model():
     import mlx_speech
 
     nm = mlx_speech.load(GOLDEN / "nemotron")
-    kw = _session_kwargs(nm, {"latency_ms": None, "hotwords": ["quick brown", "time"],
-                              "boost": 2.0})
-    assert kw == {"hotwords": ["quick brown", "time"], "boost": 2.0}
+    v = Vocabulary(("quick brown", "time"), 2.0)
+    kw = _session_kwargs(nm, {"latency_ms": None, "vocabulary": v})
+    assert kw == session_keywords(v) and kw
     assert nm.session(**kw).booster is not None
-    assert _session_kwargs(nm, {"latency_ms": 160, "hotwords": [], "boost": 2.0}) == {
-        "latency_ms": 160}
+    assert _session_kwargs(nm, {"latency_ms": 160, "vocabulary": None}) == {"latency_ms": 160}

@@ -90,7 +90,8 @@ def _expected_lines(groups: list[list[Word]], audio, diar, timestamps=False) -> 
     out = []
     for run in lines:
         text = " ".join(w.text for w in run)
-        line = f"{run[0].speaker}: {text}" if run[0].speaker else text
+        who = run[0].speaker  # the library's number; lines show "Speaker N" from 1
+        line = f"Speaker {who + 1}: {text}" if who is not None else text
         if timestamps:
             from mlx_speech.transcribe import _clock
 

@@ -6,7 +6,6 @@ come from the inputs and the checkpoint's config files alone.
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import sys
 import types
@@ -18,7 +17,7 @@ import soundfile as sf
 
 import mlx_speech
 from mlx_speech import chat, say, transcribe
-from mlx_speech.registry import MODELS
+from mlx_speech.registry import MODELS, model_module
 from tests.conftest import make_voxtral_checkpoint
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -29,8 +28,8 @@ NEMOTRON = GOLDEN / "nemotron"
 @pytest.fixture
 def no_load(monkeypatch):
     """Loading any model's weights fails the test."""
-    for name in set(MODELS.values()):
-        mod = importlib.import_module(name)
+    for t in MODELS:
+        mod = model_module(t)
         monkeypatch.setattr(mod, "load", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
@@ -208,19 +207,25 @@ def test_convert_into_a_read_only_folder(no_load, capsys, tmp_path):
 
 
 def test_every_model_type_has_a_kind():
-    from mlx_speech.registry import COMMANDS, KIND_NAMES, KINDS, NAMES
+    """Every registered family says what it is (the model contract) before any load."""
+    from mlx_speech.models.base import COMMANDS, KIND_NAMES
+    from mlx_speech.registry import family, kind_of, name_of
 
-    assert set(KINDS) == set(MODELS) == set(NAMES)
-    assert set(KINDS.values()) <= set(KIND_NAMES) and set(COMMANDS) <= set(KIND_NAMES)
+    for t in MODELS:
+        cls = family(t)
+        assert kind_of(t) == cls.kind in KIND_NAMES and name_of(t) == cls.name and cls.family
+        if cls.kind == "asr":
+            assert cls.latency.check(cls.latency.default_ms) == cls.latency.default_ms
+    assert set(COMMANDS) <= set(KIND_NAMES)
 
 
 def test_loaded_models_say_their_kind(vr_folder):
     from mlx_speech.models.silero_vad import SileroVAD
 
     assert mlx_speech.load(vr_folder).kind == "asr"
-    assert mlx_speech.load(vr_folder).family == "voxtral"
+    assert mlx_speech.load(vr_folder).family == "voxtral_realtime"
     assert mlx_speech.load(NEMOTRON).kind == "asr"
-    assert mlx_speech.load(NEMOTRON).family == "nemotron"
+    assert mlx_speech.load(NEMOTRON).family == "nemotron_streaming"
     assert mlx_speech.load(TTS).kind == "tts"
     assert SileroVAD().kind == "vad"
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -34,6 +36,7 @@ class FakeTTS:
         self.delay, self.interrupt_after = delay, interrupt_after
         self.calls: list[dict] = []
         self.last_chunk_at = None
+        self.piece_seen = threading.Event()
 
     def _sentences(self, text):
         return [s for s in text.replace("!", ".").split(".") if s.strip()] or [text]
@@ -51,6 +54,24 @@ class FakeTTS:
                 time.sleep(self.delay)
             self.last_chunk_at = time.monotonic()
             yield Audio(tone(0.25, f), SR)
+
+    def stream_text(self, pieces, voice=None, seed=0, max_frames=None):
+        """One tone per sentence as soon as its "." or "!" has arrived (the same tones as
+        `stream`); records the pieces as they come."""
+        call = {"text": None, "voice": voice, "seed": seed, "max_frames": max_frames}
+        self.calls.append(call)
+        self.pieces, buf, said = [], "", 0
+        for piece in pieces:
+            self.pieces.append(piece)
+            self.piece_seen.set()
+            buf += piece
+            ends = buf.replace("!", ".").count(".")
+            for _ in range(ends - said):
+                yield from self.stream("x.", voice, seed, max_frames)
+            said = ends
+        call["text"] = buf.strip()
+        if buf.replace("!", ".").rsplit(".", 1)[-1].strip():
+            yield from self.stream("x.", voice, seed, max_frames)
 
     def generate(self, text, voice=None, seed=0, max_frames=None):
         return Audio.concat(list(self.stream(text, voice, seed, max_frames)))
@@ -147,6 +168,34 @@ def test_text_from_stdin(fake, tmp_path, capsys, monkeypatch, arg):
     code, _, err = run(argv, capsys)
     assert code == 0, err
     assert fake.calls[0]["text"] == "Piped text. Two sentences."
+    assert sf.info(str(tmp_path / "p.wav")).frames == 2 * round(0.25 * SR)
+
+
+def test_stdin_is_spoken_as_it_is_read(fake, tmp_path, capsys, monkeypatch):
+    """A pipe whose writer sends its second sentence only once the model has the first, with
+    no newline between: say hands the pieces over as they arrive, not at the pipe's end."""
+    r, w = os.pipe()
+    stdin = os.fdopen(r, "r", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    waited = []
+
+    def writer():
+        os.write(w, b"First one. ")
+        waited.append(fake.piece_seen.wait(60))  # the model got the first piece
+        os.write(w, "Second one, caf\u00e9.".encode())
+        os.close(w)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        code, _, err = run(["-", "-o", str(tmp_path / "p.wav")], capsys)
+    finally:
+        t.join(60)
+        stdin.close()
+    assert code == 0, err
+    assert waited == [True]
+    assert fake.pieces == ["First one. ", "Second one, caf\u00e9."]
+    assert fake.calls[0]["text"] == "First one. Second one, caf\u00e9."
     assert sf.info(str(tmp_path / "p.wav")).frames == 2 * round(0.25 * SR)
 
 
@@ -323,3 +372,20 @@ def test_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys, suffix):
 def test_end_to_end_list_voices(capsys):
     assert say.main(["--model", str(TINY_TTS), "--list-voices"]) == 0
     assert capsys.readouterr().out.split() == ["casual_male", "neutral_female"]
+
+
+def test_end_to_end_stdin_on_a_tiny_checkpoint(tmp_path, capsys, monkeypatch):
+    """Text from stdin through the real tiny model: its `stream_text`, sentence by sentence."""
+    import mlx_speech.models.voxtral_tts as vt
+
+    text = "Hello there. Bye now.\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    out = tmp_path / "piped.wav"
+    argv = ["-", "--model", str(TINY_TTS), "--voice", "neutral_female", "--max-frames", "5",
+            "--seed", "2", "-o", str(out)]
+    assert say.main(argv) == 0, capsys.readouterr().err
+    audio, _ = sf.read(str(out), dtype="float32")
+    ref = np.concatenate([a.samples for a in vt.load(TINY_TTS).stream_text(
+        text, voice="neutral_female", seed=2, max_frames=5)])
+    assert len(ref) == 2 * 5 * 1920 + round(vt.PAUSE_S * 24000) == len(audio)
+    assert np.abs(audio - np.clip(ref, -1, 1)).max() < 1e-4

@@ -178,3 +178,28 @@ def test_voxtral_batched_reanchoring_with_fixed_shapes(tmp_path, vr_model, gpu_r
 
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
     check_batched_reanchoring(tmp_path, vr_model)
+
+
+def test_voxtral_tts_sessions_joining_and_leaving_use_few_shapes(shape_watch):
+    """Speech sessions join every 3 frames and end at their own END or cap: with batch sizes,
+    prompt lengths and cache slots bucketed, the backbone, the flow head and the codec call
+    attention with a few shapes (157 with the CPU's shapes)."""
+    from tests.support.voxtral import TTS_TEXTS, TTS_VOICES, load_ending_tts
+
+    tts = load_ending_tts()
+    sessions, tick = [], 0
+    while tick < 200:
+        if tick % 3 == 0 and tick < 60:
+            s = tts.session(voice=TTS_VOICES[tick % 2], seed=tick, max_frames=30,
+                            chunk_frames=8)
+            s.feed(TTS_TEXTS[tick % 4])
+            s.finish()
+            sessions.append(s)
+        live = [s for s in sessions if not s.done]
+        if not live and tick > 60:
+            break
+        tts.step_many(live)
+        tick += 1
+    batches = {a[0][0][0][0] for a in shape_watch.seen["attention"]}
+    assert max(batches) == 32  # 16 flow-head rows (cond and uncond) of 9 to 16 sessions
+    assert shape_watch.count() <= 32, sorted(map(str, shape_watch.seen["attention"]))

@@ -54,7 +54,7 @@ def test_the_watch_catches_what_crashed_on_cuda(kernels):
     lin = nn.Linear(32, 24)
     lin(mx.zeros((1, 2, 32)))
     with pytest.raises(EmptyKernelInput, match="addmm"):
-        lin(mx.zeros((1, 0, 32)))  # nemotron_streaming/batch.py _step, 207 times per run
+        lin(mx.zeros((1, 0, 32)))  # nemotron_streaming/step.py _step, 207 times per run
     with pytest.raises(EmptyKernelInput, match="pad"):
         mx.pad(mx.zeros((1, 0, 65, 8)), [(0, 0), (2, 0), (0, 0), (0, 0)])
     with pytest.raises(EmptyKernelInput, match="matmul"):

@@ -359,7 +359,7 @@ def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, first, tmp_
     kyutai = kyutai_weights(build_random_lm(random_lm_kwargs(**PP_KW), seed=1))
     folder, ref = write_personaplex_mlx(tmp_path / f"pp{bits}", kyutai, bits, 64, first)
     d = mlx_speech.load(folder)
-    assert d.family == "personaplex" and d.config.dep_q == 16
+    assert d.roles and d.config.dep_q == 16
     at = d.lm.transformer.layers[0]
     flat = isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
     assert flat == (not first)

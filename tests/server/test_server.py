@@ -281,7 +281,7 @@ async def _errors_then_healthy(srv):
     await asyncio.sleep(0.3)
     ws.transport.abort()  # no close frame
     t0 = time.time()
-    while srv.engine._streams or srv.engine._new:
+    while srv.engine.open_jobs:
         assert time.time() - t0 < 10, "the session of a gone client was not freed"
         await asyncio.sleep(0.05)
 
@@ -366,10 +366,11 @@ def test_a_failed_stream_takes_appends_until_its_error_arrives():
     connection's own overtakes the stream's (the client sees processing_error first)."""
     from types import SimpleNamespace
 
-    from mlx_speech.server.engine import AsrStream, BufferFull, Engine
+    from mlx_speech.server.engine import Engine
+    from mlx_speech.server.jobs import AsrStream, BufferFull
 
     events = []
-    s = AsrStream(Engine(), SimpleNamespace(sample_rate=16000), None, events.append, 16000)
+    s = Engine().submit(AsrStream(SimpleNamespace(sample_rate=16000), None, events.append, 16000))
     s.fail("processing_error", "model step failed: out of memory")
     s.push(np.zeros(1280, np.float32))
     assert events == [("error", "processing_error", "model step failed: out of memory")]
@@ -398,7 +399,7 @@ def test_engine_death_fails_open_sessions_and_health(models):
                 await ws.send(json.dumps({"type": "session.update", "model": "nm"}))
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 t0 = time.time()
-                while not s.engine._streams:
+                while not s.engine.open_jobs:
                     assert time.time() - t0 < 10
                     await asyncio.sleep(0.02)
                 await asyncio.sleep(1.0)  # idle, but a turn is in flight: no timeout
@@ -406,7 +407,7 @@ def test_engine_death_fails_open_sessions_and_health(models):
                 def die():
                     raise MemoryError("allocation failed")
 
-                s.engine._tick = die
+                s.engine.step = die
                 s.engine.wake()
                 return json.loads(await ws.recv())
 

@@ -6,6 +6,7 @@ Nemotron ASR and tiny Sortformer on the three-voice espeak-ng recording."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -41,9 +42,8 @@ def _file(x):
 
 def _expected(asr, diar, x):
     from mlx_speech.diarize import diarize_result
-    from mlx_speech.transcribe import segments_from_words
 
-    return diarize_result(asr.transcribe(x), x, diar, segments_from_words)
+    return diarize_result(asr.transcribe(x), x, diar)
 
 
 def test_diarized_json_through_the_openai_sdk(setup):
@@ -74,11 +74,9 @@ def test_verbose_json_with_diarize_true(setup):
         model="nm", file=_file(x), response_format="verbose_json",
         timestamp_granularities=["word", "segment"], extra_body={"diarize": "true"})
     segs = v.model_dump()["segments"]
-    assert [s["speaker_id"] for s in segs] == [
-        "speaker_" + s.speaker.split()[-1] for s in d.segments]
+    assert [s["speaker_id"] for s in segs] == [f"speaker_{s.speaker + 1}" for s in d.segments]
     words = v.model_dump()["words"]
-    assert [w["speaker_id"] for w in words] == [
-        "speaker_" + w.speaker.split()[-1] for w in d.words]
+    assert [w["speaker_id"] for w in words] == [f"speaker_{w.speaker + 1}" for w in d.words]
     plain = client.audio.transcriptions.create(model="nm", file=_file(x),
                                                response_format="verbose_json")
     assert all("speaker_id" not in s for s in plain.model_dump()["segments"])
@@ -217,3 +215,39 @@ def test_vllm_dialect_utterances_carry_a_speaker(setup):
     plain = asyncio.run(go(False))
     assert all("speaker" not in ev for ev in plain)
     assert [e["text"] for e in plain] == [e["text"] for e in done]
+
+
+def test_each_surface_names_the_library_speakers_its_own_way():
+    """The table of docs/diarization.md: the library's speaker numbers (0 first, None: nobody
+    heard) as the command line, OpenAI's diarized_json, verbose_json and realtime show them."""
+    from mlx_speech.diarize import DiarizedTranscript, SpeakerWord, speaker_segments
+    from mlx_speech.server.diarization import diarized_json, speaker_fields
+    from mlx_speech.transcript import format_srt, format_turns, format_vtt, speaker_name
+    from mlx_speech.writers import format_json
+
+    def transcript(speakers):
+        words = [SpeakerWord(f"w{i}.", i, i + 0.5, s) for i, s in enumerate(speakers)]
+        return DiarizedTranscript(" ".join(w.text for w in words), words,
+                                  np.zeros((0, 4), np.float32), speaker_segments(words))
+
+    d = transcript([0, 0, 1, 2, 1])
+    assert [s.speaker for s in d.segments] == [0, 0, 1, 2, 1]
+    assert format_turns(d.turns()) == ("Speaker 1: w0. w1.\nSpeaker 2: w2.\nSpeaker 3: w3.\n"
+                                       "Speaker 2: w4.")
+    assert format_srt(d.segments).split("\n")[2] == "Speaker 1: w0."
+    assert format_vtt(d.segments).split("\n")[3] == "<v Speaker 1>w0."
+    assert [s["speaker"] for s in json.loads(format_json(d.text, d.segments))["segments"]] == [
+        "Speaker 1", "Speaker 1", "Speaker 2", "Speaker 3", "Speaker 2"]
+    assert [s["speaker"] for s in diarized_json(d, 3.0)["segments"]] == list("AABCB")
+    out = speaker_fields({"segments": [{} for _ in d.segments], "words": [{} for _ in d.words]},
+                         d)
+    assert [s["speaker_id"] for s in out["segments"]] == [
+        "speaker_1", "speaker_1", "speaker_2", "speaker_3", "speaker_2"]
+    assert [w["speaker_id"] for w in out["words"]] == [s["speaker_id"] for s in out["segments"]]
+    assert speaker_name(0) == "Speaker 1" and speaker_name(None) is None  # realtime `speaker`
+    quiet = transcript([None, None])  # nobody heard: no label where one may be left out
+    assert format_turns(quiet.turns()) == "w0. w1."
+    assert "Speaker" not in format_srt(quiet.segments) + format_vtt(quiet.segments)
+    assert [s["speaker"] for s in diarized_json(quiet, 1.0)["segments"]] == ["A", "A"]
+    assert [s["speaker_id"] for s in speaker_fields({"segments": [{}, {}]}, quiet)[
+        "segments"]] == [None, None]

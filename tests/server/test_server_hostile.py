@@ -106,8 +106,8 @@ def assert_healthy(srv, models) -> None:
     joined, _ = run(vllm_client(srv, "nm", pcm, headers={}))
     assert joined == models["nm"].transcribe(pcm.astype(np.float32) / 32768).text
     t0 = time.time()
-    while srv.engine._streams or srv.engine._new:  # nothing left behind
-        assert time.time() - t0 < 10, srv.engine._streams
+    while srv.engine.open_jobs:  # nothing left behind
+        assert time.time() - t0 < 10, srv.engine.open_jobs
         time.sleep(0.05)
 
 
@@ -227,7 +227,7 @@ def test_2a_non_streamed_requests_stop_when_the_client_leaves(srv, models, monke
         with pytest.raises(httpx.ReadTimeout):
             fn()
         t0 = time.time()
-        while srv.engine._streams or srv.engine._new:
+        while srv.engine.open_jobs:
             assert time.time() - t0 < 2.0, "the work of a gone client still runs"
             time.sleep(0.05)
 
@@ -398,7 +398,7 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
             await v.recv()
             for ev in ({"type": "session.update", "model": ["nm"]},
                        {"type": "input_audio_buffer.commit", "final": "yes"},
-                       {"type": ["x"]}):
+                       {"type": ["x"]}, {"type": "session.update", "diarize": "yes"}):
                 await v.send(json.dumps(ev))
                 e = json.loads(await v.recv())
                 out.append((e["type"], e["code"]))
@@ -406,7 +406,7 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
 
     out = run(realtime())
     assert out[:7] == [("error", "invalid_request_error")] * 6 + ["invalid_request_error"]
-    assert out[7:] == [("error", "invalid_request_error")] * 3
+    assert out[7:] == [("error", "invalid_request_error")] * 4
     with httpx.Client(base_url=srv.base) as c:  # one keep-alive connection throughout
         for body, param in (({"model": ["tts"]}, "model"), ({"model": {"a": 1}}, "model"),
                             ({"response_format": ["mp3"]}, "response_format"),
@@ -421,6 +421,9 @@ def test_6_wrong_types_are_answered_not_crashes(srv, models):
         assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
         r = c.post("/v1/audio/transcriptions", files={"model": ("m.txt", b"nm")})
         assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        for field in ("boost", "diarize"):  # text fields, not files
+            r = c.post("/v1/audio/transcriptions", files={field: ("f.txt", b"x")})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
     async def chat(query):
         async with websockets.connect(srv.ws + "/api/chat?format=pcm&" + query) as ws:
@@ -561,9 +564,10 @@ def test_7_default_max_sessions_from_memory(monkeypatch):
     nm = mlx_speech.load(GOLDEN / "nemotron")
     assert limits.default_max_sessions({"nm": nm}) == 64
     big = SimpleNamespace(kind="duplex", frame_size=1920, session=None, voices=[],
-                          config=SimpleNamespace(num_layers=32, context=3000, dim=4096))
+                          config=SimpleNamespace(num_layers=32, context=3000, dim=4096),
+                          weight_bytes=lambda: 15 << 30)
     monkeypatch.setattr(limits, "_physical_memory", lambda: 64 << 30)
-    monkeypatch.setattr(limits, "_weights_bytes", lambda m: 15 << 30 if m is big else 0)
+    monkeypatch.setattr(nm, "weight_bytes", lambda: 0)
     assert limits.default_max_sessions({"nm": nm, "moshi": big}) == 11
     monkeypatch.setattr(limits, "_physical_memory", lambda: 16 << 30)
     assert limits.default_max_sessions({"moshi": big}) == 1

@@ -1,12 +1,14 @@
-"""Shared by the Voxtral tests (tests/models/voxtral_tts/test_voxtral_tts.py,
-tests/models/test_batched_asr.py) and the backend-shape tests that rerun them
-(tests/kernels/test_fixed_shapes.py, tests/kernels/test_no_empty_kernels.py):
-the TTS goldens, random codec codes, and the batched re-anchoring check of Voxtral Realtime."""
+"""Shared by the Voxtral tests (tests/models/voxtral_tts/, tests/models/test_batched_asr.py)
+and the backend-shape tests that rerun them (tests/kernels/test_fixed_shapes.py,
+tests/kernels/test_no_empty_kernels.py): the TTS goldens, random codec codes, a tiny TTS that
+stops at different frames and runners for its sessions, and the batched re-anchoring check of
+Voxtral Realtime."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
 import mlx_speech
@@ -20,6 +22,41 @@ def random_codes(n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return np.concatenate([rng.integers(2, 32, (n, 1)), rng.integers(2, 23, (n, 4))],
                           axis=1).astype(np.int32)
+
+
+TTS_VOICES = ("casual_male", "neutral_female")
+TTS_TEXTS = ("Hi there.", "One more voice here.", "Hello there. How are you?",
+             "Third one. A fourth sentence is long, very long indeed.")
+
+
+def load_ending_tts():
+    """The golden tiny TTS with a semantic END row that wins now and then: with TTS_TEXTS and
+    small seeds, prompts end after 2 to 21 frames or run to their cap."""
+    import mlx_speech.models.voxtral_tts as vt
+
+    tts = vt.load(TTS_CKPT, dtype=mx.float32, alibi="mlxa")
+    head = tts.model.acoustic_transformer.semantic_codebook_output
+    w = mx.array(head.weight)
+    w[1] = 0.1 * mx.random.normal((w.shape[1],), key=mx.random.key(3))
+    head.weight = w
+    return tts
+
+
+def joined(chunks) -> np.ndarray:
+    """The samples of Audio chunks (None skipped), joined."""
+    parts = [c.samples for c in chunks if c is not None]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def spoken_alone(tts, text: str, **kw) -> np.ndarray:
+    """A speech session's audio, stepped on its own until done."""
+    s = tts.session(**kw)
+    s.feed(text)
+    s.finish()
+    out = []
+    while not s.done:
+        out.append(s.step())
+    return joined(out)
 
 
 def check_batched_reanchoring(tmp_path, vr_model):

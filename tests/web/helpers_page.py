@@ -74,8 +74,9 @@ class Taps:
         self.asr: list[dict] = []
         self.duplex: list[dict] = []
         self.speech: list[dict] = []
-        open_asr, open_duplex, open_speech = engine.open_asr, engine.open_duplex, \
-            engine.open_speech
+        from mlx_speech.server.jobs import AsrStream, Conversation, SpeechJob
+
+        submit = engine.submit
 
         def tapped(stream, rec):
             push = stream.push
@@ -89,18 +90,9 @@ class Taps:
             stream.push = tapped_push
             return stream
 
-        def asr(owner, make, sink, max_samples=None):
-            rec = {"pushed": [], "depth": []}
-            self.asr.append(rec)
-            return tapped(open_asr(owner, make, sink, max_samples), rec)
-
-        def duplex(owner, make, sink):
-            rec = {"pushed": [], "depth": []}
-            self.duplex.append(rec)
-            return tapped(open_duplex(owner, make, sink), rec)
-
-        def speech(make, sink):
+        def speech(job):
             rec = {"done_at": None}
+            sink = job.sink
 
             def tsink(ev):
                 if ev[0] == "done":
@@ -108,9 +100,19 @@ class Taps:
                 sink(ev)
 
             self.speech.append(rec)
-            return open_speech(make, tsink)
+            job.sink = tsink
+            return job
 
-        engine.open_asr, engine.open_duplex, engine.open_speech = asr, duplex, speech
+        def tapped_submit(job):
+            if isinstance(job, (AsrStream, Conversation)):
+                rec = {"pushed": [], "depth": []}
+                (self.asr if isinstance(job, AsrStream) else self.duplex).append(rec)
+                job = tapped(job, rec)
+            elif isinstance(job, SpeechJob):
+                job = speech(job)
+            return submit(job)
+
+        engine.submit = tapped_submit
 
 
 # Records every buffer the page hands to the audio graph (AudioBufferSourceNode.start): the

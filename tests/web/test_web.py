@@ -161,12 +161,12 @@ def test_own_page_passes_the_origin_check(models):
 
 def test_models_list_what_the_page_needs(site):
     data = {m["id"]: m for m in httpx.get(site.base + "/v1/models", headers=AUTH).json()["data"]}
-    assert {k: (m["kind"], m["sample_rate"], m.get("voices"), m.get("family"))
+    assert {k: (m["kind"], m["sample_rate"], m.get("voices"), m.get("roles"))
             for k, m in data.items()} == {
         "nemotron": ("asr", 16000, None, None),
         "voxtral-tts": ("tts", 24000, ["casual_male", "neutral_female"], None),
-        "moshi": ("duplex", 24000, [], "kyutai"),
-        "personaplex": ("duplex", 24000, ["NATF0", "NATM1"], "personaplex")}
+        "moshi": ("duplex", 24000, [], False),
+        "personaplex": ("duplex", 24000, ["NATF0", "NATM1"], True)}
 
 
 def test_streamed_transcription_carries_words_when_asked(site):

@@ -45,10 +45,9 @@ def setup(tmp_path_factory):
 
 def test_file_transcription_shows_speaker_coloured_lines(setup, tmp_path):
     from mlx_speech.diarize import diarize_result
-    from mlx_speech.transcribe import segments_from_words
 
     srv, asr, diar, x, browser = setup
-    d = diarize_result(asr.transcribe(x), x, diar, segments_from_words)
+    d = diarize_result(asr.transcribe(x), x, diar)
     clip = tmp_path / "voices.wav"
     sf.write(clip, x, 16000, subtype="FLOAT")
     ctx, page = open_page(browser, srv.base, KEY)

@@ -26,6 +26,7 @@ from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ..asr import load_strict
+from ..base import parameter_bytes
 from .config import (
     PERSONAPLEX_MLX_FILES,
     CheckpointFiles,
@@ -108,7 +109,9 @@ def keep_high_precision(path: str, module) -> bool:
 class Moshi:
     """A loaded duplex model (LM + Mimi + text tokenizer); sessions share it."""
 
-    kind = "duplex"  # what every front door asks (mlx_speech.registry.KINDS)
+    kind = "duplex"  # the model contract (mlx_speech/models/base.py)
+    family = "moshi"
+    name = "Moshi / PersonaPlex full-duplex"
 
     def __init__(self, lm: LM, mimi, tokenizer: TextTokenizer, gen_config: GenConfig | None = None,
                  voices: dict[str, Path] | None = None):
@@ -134,8 +137,12 @@ class Moshi:
         return self.mimi.frame_size
 
     @property
-    def family(self) -> str:
-        return "personaplex" if self.config.personaplex else "kyutai"
+    def roles(self) -> bool:
+        """Whether sessions take a text role prompt and voice prompts (PersonaPlex)."""
+        return bool(self.config.personaplex)
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.lm, self.mimi])
 
     @property
     def voices(self) -> list[str]:

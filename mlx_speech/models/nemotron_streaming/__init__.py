@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -10,12 +11,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...converted import is_converted
-from ...errors import CheckpointError, MlxSpeechError
+from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
 from ..asr import DEFAULT_BOOST, StreamingASR, Word, load_strict, make_booster, transcribe_with
-from .config import LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
+from ..base import Latency, parameter_bytes
+from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
 from .nemo import hf_config, read_nemo
 from .session import Session, Transcript
@@ -40,18 +42,29 @@ class NemotronStreaming(StreamingASR):
     """A loaded model; any number of sessions can share it (`feed_many` steps them
     together)."""
 
-    kind = "asr"  # what every front door asks (mlx_speech.registry.KINDS)
-    family = "nemotron"
+    kind = "asr"  # the model contract (mlx_speech/models/base.py)
+    family = "nemotron_streaming"
+    name = "Nemotron streaming speech-to-text"
+    # four latency modes (a checkpoint may support fewer: its sessions say)
+    latency = Latency("Nemotron's latency", 1120, {"minimal": 80, "low": 160, "medium": 560,
+                                                   "high": 1120, "xhigh": 1120},
+                      choices_ms=tuple(sorted(LATENCY_MS)))
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.features = NemoLogMel(config.encoder.num_mel_bins)
+        default = (config.encoder.default_right_context + 1) * FRAME_MS
+        if default in self.latency.choices_ms:
+            self.latency = replace(self.latency, default_ms=default)
         self.steps = Steps(model)  # the batched step every session goes through
 
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
                 boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
@@ -96,14 +109,6 @@ class NemotronStreaming(StreamingASR):
         """
         return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs), audio,
                                sample_rate, progress)
-
-
-def check_latency_ms(latency_ms: int) -> None:
-    """Raise unless `latency_ms` is one of the family's latency modes (80, 160, 560, 1120);
-    callers check before loading a model (a checkpoint may support fewer: its sessions say)."""
-    if latency_ms not in LATENCY_MS:
-        known = ", ".join(str(k) for k in sorted(LATENCY_MS))
-        raise MlxSpeechError(f"Nemotron's latency is one of {known} ms, got {latency_ms}")
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:

@@ -162,7 +162,9 @@ class SileroVAD(nn.Module):
     graph only: the caller evaluates (`mx.eval(probs, *state.arrays())`).
     """
 
-    kind = "vad"  # what every front door asks (mlx_speech.registry.KINDS)
+    kind = "vad"  # the model contract (mlx_speech/models/base.py)
+    family = "silero_vad"
+    name = "Silero VAD"
 
     def __init__(self):
         super().__init__()
@@ -173,6 +175,15 @@ class SileroVAD(nn.Module):
         self.conv4 = _Conv(3, 64, HIDDEN)
         self.lstm = _LSTMCell(HIDDEN)
         self.final = _Conv(1, HIDDEN, 1)
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    def weight_bytes(self) -> int:
+        from ..base import parameter_bytes
+
+        return parameter_bytes([self])
 
     def make_state(self, batch: int = 1) -> VADState:
         if batch < 1:

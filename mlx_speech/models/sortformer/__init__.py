@@ -16,6 +16,7 @@ from ...errors import CheckpointError
 from ...hub import load_safetensors, read_json
 from ...nn.compiled import CompiledStep
 from ..asr import check_sessions, checked_pairs, load_strict
+from ..base import parameter_bytes
 from ..nemotron_streaming.features import NemoLogMel
 from ..stepper import Batch, Stepper
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
@@ -37,7 +38,9 @@ def weight_patterns(folder: Path) -> list[str]:
 class SortformerDiarizer:
     """A loaded diarizer; any number of sessions share it (`feed_many` steps them together)."""
 
-    kind = "diarizer"
+    kind = "diarizer"  # the model contract (mlx_speech/models/base.py)
+    family = "sortformer"
+    name = "Sortformer speaker diarization"
 
     def __init__(self, model: Sortformer, config: SortformerConfig):
         self.model, self.config = model, config
@@ -49,6 +52,9 @@ class SortformerDiarizer:
     @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.model])
 
     @property
     def n_speakers(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -23,9 +24,10 @@ from ..asr import (
     make_booster,
     transcribe_with,
 )
-from .config import VoxtralRealtimeConfig
+from ..base import Latency, parameter_bytes
+from .config import FRAME_MS, VoxtralRealtimeConfig
 from .model import Model
-from .session import Session
+from .session import MAX_DELAY_MS, Session
 from .step import Steps
 from .weights import remap
 
@@ -45,18 +47,26 @@ class VoxtralRealtime(StreamingASR):
     """A loaded model; any number of sessions can share it (`feed_many` steps them
     together)."""
 
-    kind = "asr"  # what every front door asks (mlx_speech.registry.KINDS)
-    family = "voxtral"
+    kind = "asr"  # the model contract (mlx_speech/models/base.py)
+    family = "voxtral_realtime"
+    name = "Voxtral Realtime speech-to-text"
+    # the transcription delay: any multiple of 80 ms up to 2400 (default: the checkpoint's)
+    latency = Latency("delay", 480, {"minimal": 80, "low": 240, "medium": 480, "high": 960,
+                                     "xhigh": 2400}, step_ms=FRAME_MS, max_ms=MAX_DELAY_MS)
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig,
                  kv_bits: int | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.kv_bits = kv_bits  # 8: every session's KV cache 8-bit
+        self.latency = replace(self.latency, default_ms=config.audio.delay_ms)
         self.steps = Steps(model, config)  # the batched step every session goes through
 
     @property
     def sample_rate(self) -> int:
         return self.config.audio.sample_rate
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
                 boost: float = DEFAULT_BOOST, logprobs: bool = False, *,
@@ -94,14 +104,6 @@ class VoxtralRealtime(StreamingASR):
         """
         return transcribe_with(self.session(_latency(latency_ms, delay_ms), hotwords, boost,
                                             logprobs), audio, sample_rate, progress)
-
-
-def check_latency_ms(latency_ms: int) -> None:
-    """Raise unless `latency_ms` is a transcription delay this family takes (a multiple of
-    80 ms up to the maximum); callers check before loading a model."""
-    from .session import delay_tokens
-
-    delay_tokens(latency_ms)
 
 
 def _latency(latency_ms: int | None, delay_ms: int | None) -> int | None:

@@ -9,7 +9,6 @@ import mlx.core as mx
 import numpy as np
 
 from ...audio.mel import LogMel, StreamingLogMel
-from ...errors import MlxSpeechError
 from ...text.tekken import StreamingDetokenizer
 from ..asr import (
     DEFAULT_BOOST,
@@ -29,11 +28,8 @@ ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)
 MAX_DELAY_MS = 2400
 
 
-def delay_tokens(delay_ms: int) -> int:
-    if delay_ms % FRAME_MS or not FRAME_MS <= delay_ms <= MAX_DELAY_MS:
-        raise MlxSpeechError(f"delay must be a multiple of {FRAME_MS} ms between 80 and "
-                             f"{MAX_DELAY_MS}, got {delay_ms}")
-    return delay_ms // FRAME_MS
+def delay_tokens(owner: VoxtralRealtime, delay_ms: int) -> int:
+    return owner.latency.check(delay_ms) // FRAME_MS
 
 
 class Session:
@@ -53,7 +49,7 @@ class Session:
         a = cfg.audio
         self.delay_ms = a.delay_ms if delay_ms is None else delay_ms
         self.latency_ms = self.delay_ms  # the name both ASR families' sessions use
-        self.n_delay = delay_tokens(self.delay_ms)
+        self.n_delay = delay_tokens(owner, self.delay_ms)
         tk = self.tokenizer
         self.bos, self.eos = tk.special_id("<s>"), tk.special_id("</s>")
         self.pad, self.word = tk.special_id("[STREAMING_PAD]"), tk.special_id("[STREAMING_WORD]")

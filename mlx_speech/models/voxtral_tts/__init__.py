@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,22 +17,22 @@ from ...hub import load_safetensors, mistral_or_hf_layout
 from ...nn import quant
 from ...text.tekken import Tekken
 from ..asr import load_strict
+from ..base import parameter_bytes
 from .config import VoxtralTTSConfig
-from .generate import CodecStream, frame_codes
 from .model import Model
-from .text import normalize, split_sentences
+from .session import MAX_FRAMES, PAUSE_S, Session, default_max_frames, step_many
+from .step import frame_codes
+from .text import CLAUSE_WORDS, SEGMENT_CHARS, normalize, split_sentences
 from .voices import DEFAULT_VOICE, Voices
 from .weights import check_keys, remap
 
-__all__ = ["DEFAULT_VOICE", "VoxtralTTS", "keep_high_precision", "load", "normalize",
-           "weight_patterns"]
+__all__ = ["CLAUSE_WORDS", "DEFAULT_VOICE", "MAX_FRAMES", "PAUSE_S", "Session", "VoxtralTTS",
+           "default_max_frames", "keep_high_precision", "load", "normalize", "weight_patterns"]
 
 MISTRAL_FILES = ["params.json", "consolidated*.safetensors", "tekken.json", "voice_embedding/*"]
 MLX_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json", "tekken.json",
              "voice_embedding/*"]
-MAX_FRAMES = 2048  # 164 s per text chunk
-PAUSE_S = 0.25  # silence between the chunks of a long text
-CHUNK_CHARS = 400
+CHUNK_CHARS = SEGMENT_CHARS  # `stream` joins sentences into chunks of at most this many
 
 
 def weight_patterns(folder: Path) -> list[str]:
@@ -39,15 +40,14 @@ def weight_patterns(folder: Path) -> list[str]:
     return MISTRAL_FILES if (Path(folder) / "params.json").exists() else MLX_FILES
 
 
-def default_max_frames(text: str) -> int:
-    """Generous cap: ~5x a normal speaking rate (~15 characters per second)."""
-    return min(MAX_FRAMES, 64 + 4 * len(text))
-
-
 class VoxtralTTS:
-    """A loaded model. `generate` returns one Audio, `stream` yields Audio chunks."""
+    """A loaded model. `generate` returns one Audio, `stream` yields Audio chunks,
+    `stream_text` speaks text that arrives in pieces; `session` / `step_many` step many
+    voices together (one batched forward per frame)."""
 
-    kind = "tts"  # what every front door asks (mlx_speech.registry.KINDS)
+    kind = "tts"  # the model contract (mlx_speech/models/base.py)
+    family = "voxtral_tts"
+    name = "Voxtral TTS"
 
     def __init__(self, model: Model, tokenizer: Tekken, voices: Voices,
                  first_frame: str = "prefill", compile: bool = True):
@@ -56,10 +56,10 @@ class VoxtralTTS:
         self.model, self.tokenizer, self._voices = model, tokenizer, voices
         self.config = model.config
         self.first_frame = first_frame
-        # fixed shapes per frame: compile the semantic head + 7 Euler steps once; the
-        # weights are passed as inputs, so later weight updates are seen.
-        self._decode_frame = (mx.compile(model.decode_frame, inputs=model.state) if compile
-                              else model.decode_frame)
+        # compile the semantic head + 7 Euler steps once per batch shape; the weights are
+        # passed as inputs, so later weight updates are seen.
+        self.decode_frame = (mx.compile(model.decode_frame, inputs=model.state) if compile
+                             else model.decode_frame)
         t = tokenizer
         self.ids = {name: t.special_id(tok) for name, tok in (
             ("bos", "<s>"), ("audio", "[AUDIO]"), ("begin_audio", "[BEGIN_AUDIO]"),
@@ -73,27 +73,100 @@ class VoxtralTTS:
     def voices(self) -> list[str]:
         return self._voices.names
 
+    def weight_bytes(self) -> int:
+        return parameter_bytes([self.model])
+
+    def default_voice(self) -> str:
+        return self._voices.default()
+
+    def voice_rows(self, voice: str) -> mx.array:
+        """(N, dim) embedding rows of a preset voice (MlxSpeechError naming the known ones)."""
+        return self._voices[voice]
+
     def prompt_ids(self, text: str, n_voice: int) -> list[int]:
         """[BOS] [BEGIN_AUDIO] [AUDIO]*N [NEXT_AUDIO_TEXT] text [REPEAT_AUDIO_TEXT] [BEGIN_AUDIO]"""
         i = self.ids
         return ([i["bos"], i["begin_audio"]] + [i["audio"]] * n_voice + [i["next_text"]]
                 + self.tokenizer.encode(text) + [i["repeat_text"], i["begin_audio"]])
 
+    def prompt(self, text: str, voice: str) -> mx.array:
+        """(1, L, dim) prompt embeddings for `text` (used as given) in `voice`."""
+        rows = self._voices[voice]
+        return self.model.embed_prompt(self.prompt_ids(text, rows.shape[0]), rows,
+                                       self.ids["audio"])
+
     def codes(self, text: str, voice: str | None = None, seed: int = 0,
               max_frames: int | None = None, noise: mx.array | None = None) -> np.ndarray:
         """(T, 37) int codes for one prompt (text used as given, not split)."""
-        rows = list(self._frames(text, voice, seed, max_frames, noise))
-        return np.stack(rows) if rows else np.zeros((0, self.config.n_codebooks), np.int32)
-
-    def _frames(self, text, voice, seed, max_frames, noise=None) -> Iterator[np.ndarray]:
         voice = self._voices.default() if voice is None else voice
-        rows = self._voices[voice]
-        ids = self.prompt_ids(text, rows.shape[0])
-        prompt = self.model.embed_prompt(ids, rows, self.ids["audio"])
         n = default_max_frames(text) if max_frames is None else max_frames
         step = self.ids["audio"] if self.first_frame == "audio_step" else None
-        return frame_codes(self.model, prompt, n, seed, noise, step, self._decode_frame)
+        rows = list(frame_codes(self.model, self.prompt(text, voice), n, seed, noise, step,
+                                self.decode_frame))
+        return np.stack(rows) if rows else np.zeros((0, self.config.n_codebooks), np.int32)
 
+    # -- many voices, text in pieces ------------------------------------------------------------
+    def session(self, voice: str | None = None, seed: int = 0, max_frames: int | None = None,
+                first_frames: int = 4, chunk_frames: int = 16,
+                clause_words: int | None = CLAUSE_WORDS,
+                max_chars: int = SEGMENT_CHARS) -> Session:
+        """A speech session: `feed(text)` pieces as they come, `finish()`, then `step()` (or
+        `step_many` with other sessions) until `done`. Segments are cut at sentence ends (a
+        clause mark after `clause_words` words; at most `max_chars` characters), segment j
+        drawn from seed + j, `PAUSE_S` of silence between; chunks of `first_frames` then
+        `chunk_frames` frames (80 ms each); `max_frames` caps each segment."""
+        return Session(self, voice, seed, max_frames, first_frames, chunk_frames,
+                       clause_words, max_chars)
+
+    def step_many(self, sessions: Iterable[Session]) -> list[Audio | None]:
+        """Advance each session by one frame in one batched forward (the backbone step, the
+        flow head, the codec chunks due): each session's new audio or None, exactly as
+        `[s.step() for s in sessions]`. Sessions join and leave at any call; a cancelled
+        session does no more work. Call from the one thread that owns MLX work."""
+        return step_many(self, list(sessions))
+
+    def stream_text(self, text: str | Iterable[str], voice: str | None = None, seed: int = 0,
+                    max_frames: int | None = None, first_frames: int = 4,
+                    chunk_frames: int = 16, clause_words: int | None = CLAUSE_WORDS,
+                    max_chars: int = SEGMENT_CHARS,
+                    should_stop: Callable[[], bool] | None = None) -> Iterator[Audio]:
+        """Speak text that arrives in pieces (an LLM's tokens, lines of a pipe): yields 24 kHz
+        Audio chunks, the first as soon as a segment (a sentence; see `session`) has arrived
+        and `first_frames` frames are made, and keeps going as more text comes. The audio is
+        the same whatever the pieces: each segment as `stream(segment, seed=seed + j)`, with
+        `PAUSE_S` between. The pieces are read on a helper thread (a slow source never stalls
+        the frames); MLX work stays on the caller's. `should_stop()` true, or closing the
+        generator, stops before the next frame (barge-in)."""
+        s = self.session(voice, seed, max_frames, first_frames, chunk_frames, clause_words,
+                         max_chars)
+        if isinstance(text, str):
+            s.feed(text)
+            s.finish()
+        else:
+            threading.Thread(target=_read_pieces, args=(text, s), daemon=True,
+                             name="mlx_speech-tts-text").start()
+        try:
+            while True:
+                if should_stop is not None and should_stop():
+                    return
+                if s.error is not None:
+                    raise s.error
+                if s.ready:
+                    if (a := s.step()) is not None:
+                        yield a
+                elif s.done:
+                    break
+                else:
+                    s.wait(None if should_stop is None else 0.05)
+        finally:
+            s.cancel()  # the reader stops taking pieces
+        if s.error is not None:
+            raise s.error
+        if s.segments == 0:
+            raise MlxSpeechError("text is empty: nothing to say")
+        _check_spoke(s)
+
+    # -- one text -----------------------------------------------------------------------------
     def stream(self, text: str, voice: str | None = None, seed: int = 0,
                max_frames: int | None = None,
                progress: Callable[[int, int], None] | None = None,
@@ -108,29 +181,20 @@ class VoxtralTTS:
         `should_stop()` true ends the stream before the next frame (a server's
         client left: no chunk's worth of frames is made for nobody).
         """
-        voice = self._voices.default() if voice is None else voice
-        self._voices[voice]  # unknown voice: fail before any work
+        s = self.session(voice, seed, max_frames, first_frames, chunk_frames)
         chunks = split_sentences(text, CHUNK_CHARS)
-        total, done, frames = sum(len(c) for c in chunks), 0, 0
-        pause = np.zeros(int(PAUSE_S * self.sample_rate), np.float32)
-        for j, chunk in enumerate(chunks):
-            if j:
-                yield Audio(pause, self.sample_rate)
-            dec = CodecStream(self.model.audio_tokenizer, first_frames, chunk_frames)
-            for codes in self._frames(chunk, voice, seed + j, max_frames):
-                if should_stop is not None and should_stop():
-                    return
-                frames += 1
-                if (wav := dec.push(codes)) is not None:
-                    yield Audio(wav, self.sample_rate)
-            if (wav := dec.flush()) is not None:
-                yield Audio(wav, self.sample_rate)
-            done += len(chunk)
-            if progress is not None:
-                progress(done, total)
-        if frames == 0:
-            raise MlxSpeechError("the model produced no audio (END on the first frame); "
-                                 "try another seed or voice, or rephrase the text")
+        s.add_segments(chunks)
+        total, reported = sum(len(c) for c in chunks), 0
+        while not s.done:
+            if should_stop is not None and should_stop():
+                s.cancel()
+                return
+            if (a := s.step()) is not None:
+                yield a
+            if progress is not None and s.segments_done > reported:
+                reported = s.segments_done
+                progress(s.chars_done, total)
+        _check_spoke(s)
 
     def generate(self, text: str, voice: str | None = None, seed: int = 0,
                  max_frames: int | None = None,
@@ -138,6 +202,24 @@ class VoxtralTTS:
         """Speech for `text` as one 24 kHz float32 Audio (the joined `stream`)."""
         return Audio.concat(list(self.stream(text, voice, seed, max_frames, progress,
                                              first_frames=128, chunk_frames=128)))
+
+
+def _check_spoke(s: Session) -> None:
+    if s.frames == 0:
+        raise MlxSpeechError("the model produced no audio (END on the first frame); "
+                             "try another seed or voice, or rephrase the text")
+
+
+def _read_pieces(pieces: Iterable[str], s: Session) -> None:
+    """A helper thread: feed the pieces into the session as they come."""
+    try:
+        for piece in pieces:
+            if s.cancelled:
+                return
+            s.feed(piece)
+        s.finish()
+    except BaseException as e:  # noqa: BLE001 (handed to the consuming thread)
+        s.fail(e)
 
 
 def _read_config(folder: Path) -> tuple[VoxtralTTSConfig, list[Path]]:

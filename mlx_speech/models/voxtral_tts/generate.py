@@ -1,75 +1,19 @@
-"""The frame loop (backbone -> semantic + flow head -> feedback) and streamed codec decoding.
+"""Streamed codec decoding, many streams at once.
 
-Randomness: the only random numbers are the flow head's start noise, one fp32
-`normal((1, n_acoustic))` per frame. With `seed`, state = mx.random.key(seed)
-and frame i draws with `state, sub = mx.random.split(state)`, key=sub: the same
-numbers as mlx-audio after `mx.random.seed(seed)` (its only random calls).
+A `CodecStream` holds one stream's codec state and the frames not decoded yet; a chunk is due
+at `first` frames, then every `every` frames. `decode_streams` decodes the pending frames of
+many streams in one codec call per group of streams whose chunk and state have the same
+shapes (padded to a power of two with fixed shapes): each stream gets what it would get alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import mlx.core as mx
 import numpy as np
 
-from .codec import Codec
-from .config import END_AUDIO
-from .model import Model
-
-CLEAR_EVERY = 256  # frames between mx.clear_cache() calls
-
-
-def frame_codes(model: Model, prompt: mx.array, max_frames: int, seed: int = 0,
-                noise: mx.array | None = None, audio_step_id: int | None = None,
-                decode_frame: Callable | None = None) -> Iterator[np.ndarray]:
-    """Yield (n_codebooks,) int32 codes per frame until END or `max_frames`.
-
-    `prompt` (1, L, dim) are the prompt embeddings. Frame 0 is decoded from the
-    prefill state (vllm-omni, mlx-audio 0.6.2) unless `audio_step_id` is given:
-    then that token is fed once more first (voxtral-tts.c, mlx-audio <= 0.5).
-    `noise` (max_frames, n_acoustic) replaces the seeded draws. `decode_frame`
-    (default `model.decode_frame`) may be a compiled version of it.
-    """
-    n_ac = model.config.n_acoustic_codebook
-    decode_frame = decode_frame or model.decode_frame
-    if noise is not None and noise.shape[0] < max_frames:
-        raise ValueError(f"noise has {noise.shape[0]} rows for {max_frames} frames")
-    cache = model.make_cache()
-    t_table = model.acoustic_transformer.time_table()
-    h = model.hidden(prompt, cache)[:, -1]
-    if audio_step_id is not None:
-        h = model.hidden(model.tok_embeddings(mx.array([[audio_step_id]])), cache)[:, -1]
-    state = mx.random.key(seed)
-
-    def build(h: mx.array, i: int) -> tuple[mx.array, mx.array]:
-        nonlocal state
-        if noise is not None:
-            x0 = noise[i : i + 1].astype(mx.float32)
-        else:
-            state, sub = mx.random.split(state)
-            x0 = mx.random.normal((1, n_ac), key=sub)
-        codes = decode_frame(h, x0, t_table)
-        return codes, model.hidden(model.feedback(codes), cache)[:, -1]
-
-    if max_frames <= 0:
-        return
-    cur = build(h, 0)
-    mx.async_eval(*cur)
-    for i in range(max_frames):
-        nxt = None
-        if i + 1 < max_frames:  # queue frame i+1 before waiting for frame i
-            nxt = build(cur[1], i + 1)
-            mx.async_eval(*nxt)
-        codes = np.array(cur[0][0])  # the one sync per frame
-        if codes[0] == END_AUDIO:
-            break
-        yield codes
-        if (i + 1) % CLEAR_EVERY == 0:
-            mx.clear_cache()
-        if nxt is None:
-            break
-        cur = nxt
+from ...nn.cache import fixed_shapes
+from .codec import Codec, CodecState
+from .step import padded
 
 
 class CodecStream:
@@ -82,17 +26,75 @@ class CodecStream:
         self.pending: list[np.ndarray] = []
         self.emitted = 0
 
-    def push(self, codes: np.ndarray) -> np.ndarray | None:
+    @property
+    def need(self) -> int:
+        """Frames the next chunk takes."""
+        return self.first if self.emitted == 0 else self.every
+
+    def add(self, codes: np.ndarray) -> None:
         self.pending.append(codes)
-        need = self.first if self.emitted == 0 else self.every
-        return self._decode() if len(self.pending) >= need else None
+
+    def due(self, final: bool = False) -> bool:
+        """A chunk is ready: `need` frames are pending (`final`: any frame, the stream's end)."""
+        return len(self.pending) >= self.need or (final and bool(self.pending))
+
+    def push(self, codes: np.ndarray) -> np.ndarray | None:
+        self.add(codes)
+        return decode_streams([self])[0] if self.due() else None
 
     def flush(self) -> np.ndarray | None:
-        return self._decode() if self.pending else None
+        return decode_streams([self], [True])[0] if self.pending else None
 
-    def _decode(self) -> np.ndarray:
-        wav = self.codec(mx.array(np.stack(self.pending))[None], self.state)[0]
-        mx.eval(wav, *self.state.arrays())
-        self.emitted += len(self.pending)
-        self.pending = []
-        return np.array(wav.astype(mx.float32))
+
+def _slots(state: CodecState) -> list[tuple[object, str]]:
+    """Every array a codec state holds, as (holder, attribute)."""
+    out = [(t, "x") for t in (*state.convs, state.out)]
+    return out + [(c, a) for st in state.kv for c in st for a in ("k", "v")]
+
+
+def _signature(state: CodecState) -> tuple:
+    return tuple(None if (a := getattr(o, n)) is None else a.shape for o, n in _slots(state))
+
+
+def decode_streams(streams: list[CodecStream],
+                   final: list[bool] | None = None) -> list[np.ndarray]:
+    """Decode every pending frame of each stream (a stream's end when `final`): one codec call
+    per group of streams with the same chunk length and state shapes. Returns each stream's
+    float32 samples.
+
+    With fixed shapes a stream's last chunk is padded to a whole chunk by repeating its last
+    frame (the codec is causal: the real frames' samples do not see the padding; the state is
+    then spent)."""
+    final = final or [False] * len(streams)
+    groups: dict[tuple, list[tuple[CodecStream, np.ndarray, int]]] = {}
+    for s, end in zip(streams, final, strict=True):
+        codes, n = np.stack(s.pending), len(s.pending)
+        if end and fixed_shapes() and n < s.need:
+            codes = np.concatenate([codes, np.repeat(codes[-1:], s.need - n, axis=0)])
+        groups.setdefault((len(codes), _signature(s.state)), []).append((s, codes, n))
+        s.emitted += n
+        s.pending = []
+    out: dict[int, mx.array] = {}
+    for g in groups.values():
+        size = padded(len(g))
+        rows = g + [g[0]] * (size - len(g))
+        codec = g[0][0].codec
+        fs = codec.config.frame_samples
+        if size == 1:
+            s, codes, n = g[0]
+            wav = codec(mx.array(codes)[None], s.state)
+            out[id(s)] = wav[0, : n * fs]
+            continue
+        state = codec.make_state()
+        for (o, name), *parts in zip(_slots(state), *(_slots(s.state) for s, _, _ in rows),
+                                     strict=True):
+            got = [getattr(po, pn) for po, pn in parts]
+            setattr(o, name, None if got[0] is None else mx.concatenate(got))
+        wav = codec(mx.array(np.stack([c for _, c, _ in rows])), state)
+        for i, (s, _, n) in enumerate(g):
+            out[id(s)] = wav[i, : n * fs]
+            for (o, name), (so, sn) in zip(_slots(state), _slots(s.state), strict=True):
+                a = getattr(o, name)
+                setattr(so, sn, None if a is None else a[i: i + 1])
+    mx.eval(list(out.values()), *(s.state.arrays() for s in streams))
+    return [np.array(out[id(s)].astype(mx.float32)) for s in streams]

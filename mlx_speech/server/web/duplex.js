@@ -24,7 +24,7 @@ const ROLES = [
 
 export function createDuplex(model) {
   const { node, el } = instantiate("tpl-duplex");
-  if (model.family === "personaplex") {
+  if (model.roles) {
     el.persona.hidden = false;
     el.role.hidden = false;
     for (const v of model.voices) el.voice.append(new Option(v, v));
@@ -79,12 +79,12 @@ function converse(model, el, onEnd) {
   el.start.disabled = true;
   el.stop.disabled = false;
   el.seed.disabled = el.voice.disabled = el.preset.disabled = el.role.disabled = true;
-  setState(el.state, "connecting", model.family === "personaplex"
+  setState(el.state, "connecting", model.roles
     ? "connecting (preparing the voice and role)" : "connecting");
 
   const params = new URLSearchParams({ model: model.id, format: "pcm" });
   params.set("seed", el.seed.value !== "" ? el.seed.value : String(Math.floor(Math.random() * 2 ** 31)));
-  if (model.family === "personaplex") {
+  if (model.roles) {
     if (el.voice.value) params.set("voice", el.voice.value);
     if (el.role.value.trim()) params.set("role", el.role.value.trim());
   }

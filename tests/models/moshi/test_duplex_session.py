@@ -50,7 +50,7 @@ def run(session, frames: int, seed: int = 0):
 
 
 def test_hub_layout_loads(kyutai):
-    assert (kyutai.sample_rate, kyutai.frame_size, kyutai.family) == (24000, 1920, "kyutai")
+    assert (kyutai.sample_rate, kyutai.frame_size, kyutai.roles) == (24000, 1920, False)
     assert kyutai.config.dep_q == 8 and kyutai.voices == []
 
 
@@ -132,7 +132,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_personaplex_session(persona):
-    assert persona.family == "personaplex" and persona.config.dep_q == 16
+    assert persona.roles and persona.config.dep_q == 16
     assert persona.voices == ["NATF0"]
     s = persona.session(role="hello world!", temp=0, temp_text=0)
     # voice (3 replayed) + 2 x 6 silence + "<system> hello world! <system>" pieces

@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 from mlx_speech.errors import CheckpointError, MlxSpeechError
 from mlx_speech.models import voxtral_tts as vt
 from mlx_speech.models.voxtral_tts.config import VoxtralTTSConfig
-from mlx_speech.models.voxtral_tts.generate import frame_codes
 from mlx_speech.models.voxtral_tts.model import Model
+from mlx_speech.models.voxtral_tts.step import frame_codes
 from mlx_speech.models.voxtral_tts.text import normalize, split_sentences
 from tests.support.voxtral import TTS_CKPT as CKPT
 from tests.support.voxtral import TTS_GOLDEN as GOLDEN
@@ -395,3 +395,38 @@ def test_pt_voice(tmp_path, tts, g):
     assert v.dtype == mx.bfloat16 and v.shape == (5, 64)
     assert mx.array_equal(v.astype(mx.float32), ref.astype(mx.bfloat16).astype(mx.float32))
     assert other.voices == ["casual_male", "neutral_female"]
+
+
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_flow_head_equals_the_plain_transformer(n_layers):
+    """The flow head makes the first layer's projections of the time and condition tokens once
+    per frame and of token x once for both CFG halves: the codes of running every layer on
+    [x, t, c] and [x, t, 0] as it stands, 64 rows at once."""
+    from mlx_speech.models.voxtral_tts.config import AcousticConfig
+    from mlx_speech.models.voxtral_tts.model import FlowHead
+
+    mx.random.seed(n_layers)
+    a = AcousticConfig(dim=64, n_layers=n_layers, head_dim=16, hidden_dim=128, n_heads=4,
+                       n_kv_heads=2)
+    fh = FlowHead(a, 48, 6, 64, 30, 21)
+    h, noise = mx.random.normal((64, 48)), mx.random.normal((64, 6))
+    t_table = fh.time_table()
+
+    def plain():
+        B, c = h.shape[0], fh.llm_projection(h)
+        cond = mx.concatenate([c, mx.zeros_like(c)])
+        x, ts = noise * a.sigma_max, fh.timesteps()
+        for i in range(a.n_steps):
+            p = fh.input_projection(x)
+            seq = mx.stack([mx.concatenate([p, p]), mx.broadcast_to(t_table[i], cond.shape),
+                            cond], axis=1)
+            for layer in fh.layers:
+                seq = layer(seq)
+            v = fh.acoustic_codebook_output(fh.norm(seq[:, 0]))
+            x = x + (a.cfg_alpha * v[:B] + (1 - a.cfg_alpha) * v[B:]) * (ts[i + 1] - ts[i])
+        x = mx.clip(mx.round((mx.clip(x, -1, 1) + 1) * 10), 0, 20)
+        return x.astype(mx.int32) + 2
+
+    got = fh.acoustic(h, noise, t_table)
+    assert len(set(np.array(got).ravel().tolist())) > 10  # the codes are spread
+    np.testing.assert_array_equal(np.array(got), np.array(plain()))
