@@ -215,13 +215,9 @@ def test_sortformer_compiled_equals_plain(diar, voices, monkeypatch, kernels, fi
 @pytest.fixture(scope="module")
 def moshi_model(tmp_path_factory):
     import mlx_speech.models.moshi as moshi
-    from tests.support.moshi import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
+    from tests.support.moshi import tiny_kyutai_moshi
 
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, context=40,
-                          delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1])
-    d = write_folder(tmp_path_factory.mktemp("cm") / "moshi", kw,
-                     kyutai_weights(build_random_lm(kw)))
-    return moshi.load(d)
+    return moshi.load(tiny_kyutai_moshi(tmp_path_factory.mktemp("cm") / "moshi", context=40))
 
 
 def _converse(m, monkeypatch, mode: str, frames: int, **kw):

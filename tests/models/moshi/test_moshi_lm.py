@@ -20,7 +20,7 @@ from mlx_speech.models.moshi import (
 )
 from mlx_speech.models.moshi.gen import top_k_ids
 from mlx_speech.models.moshi.lm import embed
-from tests.support.moshi import GOLDEN
+from tests.support.moshi import GOLDEN, spy_inputs
 
 GREEDY = Sampling(0.0, 0.0, 250, 25)
 
@@ -41,19 +41,6 @@ def lm():
 @pytest.fixture(scope="module")
 def ref():
     return dict(np.load(GOLDEN / "tiny_lm_ref.npz"))
-
-
-def spy_inputs(gen) -> list:
-    """Records the token column each main-transformer step of `gen` sees (on the host, so
-    compiled steps are seen too)."""
-    seen, real = [], gen._forward
-
-    def forward(x):
-        seen.append(x)
-        return real(x)
-
-    gen._forward = forward
-    return seen
 
 
 def test_teacher_forced_logits(lm, ref):

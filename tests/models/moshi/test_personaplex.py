@@ -19,7 +19,7 @@ from mlx_speech.models.moshi.personaplex import (
     run_prompt,
     wrap_system,
 )
-from tests.support.moshi import GOLDEN
+from tests.support.moshi import GOLDEN, spy_inputs
 
 GREEDY = Sampling(0.0, 0.0, 250, 25)
 
@@ -33,19 +33,6 @@ def pp():
 @pytest.fixture(scope="module")
 def ref():
     return dict(np.load(GOLDEN / "tiny_pp_ref.npz"))
-
-
-def spy_inputs(gen) -> list:
-    """Records the token column each main-transformer step of `gen` sees (on the host, so
-    compiled steps are seen too)."""
-    seen, real = [], gen._forward
-
-    def forward(x):
-        seen.append(x)
-        return real(x)
-
-    gen._forward = forward
-    return seen
 
 
 def _live(gen, user) -> np.ndarray:
