@@ -37,14 +37,24 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
 
     from .errors import CheckpointError, MlxSpeechError
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, archive_type, model_module, name_of, weight_patterns, wrong_kind
+    from .registry import (
+        ARCHIVES,
+        archive_type,
+        check_options,
+        model_module,
+        name_of,
+        weight_patterns,
+        wrong_kind,
+    )
 
-    def checks(model_type: str) -> None:
+    def checks(model_type: str, configs: Path | None = None) -> None:
         if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
             raise CheckpointError(msg)
         if check is not None:
             check(model_type)
         loader(model_type)  # options it does not take: refused before any weights
+        if configs is not None:  # option values against the checkpoint's configs
+            check_options(model_type, configs, kwargs)
 
     def loader(model_type: str):
         load = model_module(model_type).load
@@ -60,10 +70,11 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
         model_type, folder = archive_type(p), p
     else:
-        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
+        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log,
+                         check_configs=lambda t, configs: check_options(t, configs, kwargs))
         # a hub repo holding one .nemo archive resolves to that file
         model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
-    checks(model_type)
+    checks(model_type, folder)
     if log is not None:
         log(f"loading {path_or_repo} ({name_of(model_type)})")
     return loader(model_type)(folder, **kwargs)

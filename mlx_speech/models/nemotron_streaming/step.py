@@ -250,7 +250,7 @@ class Steps:
             chunk = batch.stack_host(mels, m.dtype)
         x = m.encoder(chunk, state=st, final=final, layers=self._layers)
         if x is not None:
-            x = m.encoder_projector(x)
+            x = m.project(x, batch.padded([s.prompt for s in streams]))
         mx.eval(x, st.arrays())
         split_encoder(batch, st, [s.enc_state for s in streams], offset)
         if x is None:
