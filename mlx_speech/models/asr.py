@@ -16,7 +16,6 @@ from ..text.vocabulary import Vocabulary
 from .base import check_sessions, checked_pairs
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
-CLEAR_CACHE_EVERY = 256  # batched steps between mx.clear_cache calls (every streaming model)
 
 
 @dataclass

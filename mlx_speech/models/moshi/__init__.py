@@ -33,7 +33,7 @@ from .config import (
     LmConfig,
     personaplex_mlx_kwargs,
 )
-from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut
+from .gen import CompiledLm, KyutaiGen, PersonaPlexGen, Sampling, StepOut
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
@@ -114,6 +114,7 @@ class Moshi:
         self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
         self.config: LmConfig = lm.config
         self.gen_config = gen_config or GenConfig()
+        self.steps = CompiledLm(lm)  # the LM's compiled streaming steps, shared by sessions
         self._voices = dict(voices or {})
         c = self.config
         if mimi.num_codebooks < max(c.n_agent, c.n_user):
