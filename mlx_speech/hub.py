@@ -6,8 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import mlx.core as mx
-
 from .errors import CheckpointError
 
 CONFIG_FILES = ["config.json", "params.json", "mlx_speech.json"]
@@ -74,7 +72,7 @@ def offline() -> bool:
 def fetch_hint(repo: str) -> str:
     """What to do when a repo cannot be fetched: the next steps, in one line."""
     return (f"download it where the hub is reachable (hf download {repo}), then run with "
-            "HF_HUB_OFFLINE=1; or pass a local checkpoint folder with --model FOLDER")
+            "HF_HUB_OFFLINE=1; or give a local checkpoint folder instead of the repo id")
 
 
 def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
@@ -133,9 +131,9 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, c
             log=None) -> Path:
     """A local folder as is, else a hub repo: configs first, then the files the
     model type needs (`weight_patterns(model_type, folder) -> list[str]`).
-    `tqdm_class` goes to huggingface_hub (the app reads its byte progress). `check(model_type)`
-    runs on the configs before any weights are downloaded (it raises to stop); `log(line)`
-    hears how much is about to be downloaded."""
+    `tqdm_class` goes to huggingface_hub (the app reads its byte progress).
+    `check(model_type, folder)` runs on the configs (`folder` holds them) before any weights
+    are downloaded (it raises to stop); `log(line)` hears how much is about to be downloaded."""
     p = Path(path_or_repo).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -161,7 +159,7 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, c
         patterns = None
     model_type = detect_model_type(folder)
     if check is not None:
-        check(model_type)
+        check(model_type, folder)
     if patterns is None:
         patterns = CONFIG_FILES + weight_patterns(model_type, folder)
     if log is not None:
@@ -197,8 +195,10 @@ def mistral_or_hf_layout(folder: Path, model_type: str, from_params, from_config
     return cfg, files
 
 
-def load_safetensors(files: list[Path]) -> dict[str, mx.array]:
+def load_safetensors(files: list[Path]) -> dict:
     """Memory-mapped, lazy: tensors are read when the model evaluates them."""
+    import mlx.core as mx  # here, not at import: `doctor` and the checks run without a backend
+
     out: dict[str, mx.array] = {}
     for f in files:
         try:

@@ -64,4 +64,4 @@ def test_audio_without_sounddevice_says_so(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "sounddevice", None)
     (row,) = doc.audio_rows()
-    assert row[:2] == ("audio", "n/a") and "mlx-speech[live]" in row[2]
+    assert row[:2] == ("audio", "n/a") and "mlx-realtime-speech[live]" in row[2]

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ... import DISTRIBUTION
 from ...converted import is_converted, read_manifest, weight_files
 from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
@@ -50,7 +51,7 @@ def packaged_weights() -> Path:
     """Silero's release model as shipped inside mlx_speech (`data/silero_vad.onnx`)."""
     if not PACKAGED.is_file():
         raise CheckpointError(f"the Silero VAD weights shipped with mlx_speech are missing "
-                              f"({PACKAGED}): reinstall mlx-speech, or {_HOW}")
+                              f"({PACKAGED}): reinstall {DISTRIBUTION}, or {_HOW}")
     return PACKAGED
 
 
@@ -105,6 +106,9 @@ def _find(path: str | os.PathLike | None) -> Path:
                                   "(silero_vad_16k.safetensors) or Silero's .onnx model")
         return p
     if not p.exists():
+        if p.suffix in (".onnx", ".safetensors") or str(path).startswith(("/", ".", "~")):
+            what = "file" if p.suffix else "file or folder"
+            raise CheckpointError(f"no such {what}: {path} (the Silero VAD weights: {_HOW})")
         from ...hub import resolve
 
         p = resolve(str(path), lambda kind, folder: weight_patterns(folder))
