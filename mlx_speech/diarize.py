@@ -222,7 +222,11 @@ def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs
 def diarize_result(result, audio: np.ndarray, diarizer, segments_from_words
                    ) -> DiarizedTranscript:
     """An ASR result (text + timed words) and its 16 kHz audio -> a diarized transcript."""
-    probs = diarizer.probabilities(audio)
+    return label_result(result, diarizer.probabilities(audio), segments_from_words)
+
+
+def label_result(result, probs: np.ndarray, segments_from_words) -> DiarizedTranscript:
+    """An ASR result and the speaker frames of its audio -> a diarized transcript."""
     labels = label_words(result.words, probs)
     words = [SpeakerWord(w.text, w.start, w.end, s)
              for w, s in zip(result.words, labels, strict=True)]
@@ -230,11 +234,12 @@ def diarize_result(result, audio: np.ndarray, diarizer, segments_from_words
                               speaker_segments(words, segments_from_words))
 
 
-def apply_to_output(diarizer, audio: np.ndarray, result, extra: dict, fmt: str,
+def apply_to_output(probs: np.ndarray, result, extra: dict, fmt: str,
                     segments_from_words) -> tuple[str, list]:
-    """`transcribe --diarize`: (text to write, speaker segments); adds `speaker` to each word
-    in `extra["words"]`. txt gets a "Speaker N: ..." line per speaker turn."""
-    d = diarize_result(result, audio, diarizer, segments_from_words)
+    """`transcribe --diarize`: (text to write, speaker segments) from the speaker frames of
+    the file (a `SpeakerTracker` fed beside the ASR); adds `speaker` to each word in
+    `extra["words"]`. txt gets a "Speaker N: ..." line per speaker turn."""
+    d = label_result(result, probs, segments_from_words)
     for row, w in zip(extra.get("words", []), d.words, strict=False):
         row["speaker"] = w.speaker
     return (d.turns_text() if fmt == "txt" else result.text), d.segments
