@@ -15,7 +15,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, ranged, run_cli
 from .errors import MlxSpeechError
 from .registry import check_loaded
 
@@ -34,7 +34,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-o", "--output", help="write audio to this file instead of playing it")
     p.add_argument("--format", choices=FORMATS, type=str.lower,
                    help="output format (default: from the -o extension)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), default=0,
+                   help="sampling seed (default 0)")
     p.add_argument("--max-frames", type=int, help="stop after this many audio frames")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                    help="compute dtype (default: the checkpoint's)")
@@ -179,7 +180,8 @@ def _run(args) -> None:
 
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
-    model = mlx_speech.load(args.model, kind="tts", log=log,
+    model = mlx_speech.load(args.model, kind="tts", log=log,  # voice and text: checked first
+                            options={"voice": args.voice, "text": text},
                             **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))
     check_loaded(args.model, model, "tts")
