@@ -77,14 +77,20 @@ class _Progress:
         if show:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=None, file=sys.stderr, desc="speaking", unit="part",
-                            leave=False, dynamic_ncols=True)
+            # no rate, no unit: "speaking [00:03, 2.4 s of audio]" until the model says how
+            # many parts the text has, then "speaking 2/5 parts |###  | [00:03, 2.4 s of audio]"
+            self.bar = tqdm(total=None, file=sys.stderr, desc="speaking", leave=False,
+                            dynamic_ncols=True, bar_format=self.UNCOUNTED)
+
+    UNCOUNTED = "{desc} [{elapsed}{postfix}]"
+    COUNTED = "{desc} {n_fmt}/{total_fmt} parts |{bar}| [{elapsed}{postfix}]"
 
     def model(self, done, total=None) -> None:
         if self.bar is None:
             return
         if total is not None and self.bar.total != total:
             self.bar.total = total
+            self.bar.bar_format = self.COUNTED
         self.bar.n = done
         self.bar.refresh()
 
