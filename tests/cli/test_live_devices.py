@@ -105,6 +105,16 @@ def _expected_live_text(model, audio: np.ndarray) -> str:
     return "".join(t.lstrip() + "\n" for t in lines if t.strip())
 
 
+def _wait_saved(saved: Path, samples: int, timeout: float = 60.0) -> None:
+    """Until --save-audio's file holds `samples` float32 samples past its header: every fed
+    block reached the command (it writes whole blocks as they arrive). A generous bound: on a
+    busy machine the audio server can lag by seconds."""
+    deadline = time.monotonic() + timeout
+    while not (saved.exists() and saved.stat().st_size >= samples * 4 + 44):
+        assert time.monotonic() < deadline, "the fed audio never all arrived"
+        time.sleep(0.05)
+
+
 def _fed(x: np.ndarray) -> np.ndarray:
     """The samples a float32 PortAudio input returns for x written to the FIFO as s16."""
     return (np.round(np.clip(x, -1, 1) * 32767) / 32768).astype(np.float32)
@@ -134,7 +144,7 @@ def test_transcribe_live_prints_the_transcript_of_what_it_heard(pulse, vr_dir, v
     cli.wait_ready()
     feed = pulse.feed_mic(audio)  # at real-time pace
     assert feed.wait(30)
-    time.sleep(0.4)  # the last blocks through the server
+    _wait_saved(saved, len(audio))  # the last blocks through the server, however busy it is
     assert cli.interrupt() == 0, cli.err
     assert cli.exit_s < _exit_limit(), cli.err
     assert "warning" not in cli.err and "dropped" not in cli.err, cli.err

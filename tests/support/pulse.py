@@ -76,6 +76,25 @@ def align(recorded, reference) -> int:
     return int(np.argmax(c))
 
 
+def played_in_order(recorded, reference, block: int, max_gap: int, atol: float) -> int:
+    """Check that every `block`-sample piece of `reference` was played exactly (within `atol`)
+    and in order, allowing silence between pieces (a speaker underrun: generation slower than
+    real time on a busy machine plays a gap, never other samples). Returns the gaps' count."""
+    recorded = np.asarray(recorded, np.float32)
+    pos, gaps = align(recorded, reference[:block]), 0
+    for i in range(0, len(reference), block):
+        piece = reference[i: i + block]
+        window = recorded[pos: pos + len(piece) + max_gap]
+        off = pos + align(window, piece)
+        got = recorded[off: off + len(piece)]
+        assert len(got) == len(piece), f"piece {i // block} was not played (cut off)"
+        err = float(np.abs(got - piece).max())
+        assert err < atol, f"piece {i // block} played with error {err}"
+        gaps += off > pos and np.abs(recorded[pos:off]).max() < atol
+        pos = off + len(piece)
+    return gaps
+
+
 def _end(proc: subprocess.Popen, sig: int) -> None:
     """Send `sig` to a process we started; kill it if it is still there after 5 s."""
     if proc.poll() is None:
@@ -160,6 +179,19 @@ class MicFeed:
 
 class Recording:
     samples: np.ndarray = np.zeros(0, np.float32)
+    raw: Path | None = None  # the file parec writes while recording
+    rate: int = 0
+
+    def settle(self, seconds: float, timeout: float = 60.0) -> None:
+        """Until parec has recorded `seconds` more of the monitor (so whatever the device
+        still held has come through): an audio-clock wait, not a wall-clock one, which a busy
+        machine would stretch. Fails after `timeout` (nothing recorded at all)."""
+        start = self.raw.stat().st_size
+        want = start + 2 * int(seconds * self.rate)
+        deadline = time.monotonic() + timeout
+        while self.raw.stat().st_size < want:
+            assert time.monotonic() < deadline, "the speaker's monitor stopped recording"
+            time.sleep(0.02)
 
 
 class Pulse:
@@ -260,6 +292,7 @@ class Pulse:
     def record_speaker(self):
         rec = Recording()
         raw = self.root / f"speaker-{time.monotonic_ns()}.raw"
+        rec.raw, rec.rate = raw, self.speaker_rate
         with open(raw, "wb") as f:
             proc = subprocess.Popen(
                 ["parec", "-d", "speaker.monitor", "--raw", "--format=s16le",
@@ -278,7 +311,7 @@ class Pulse:
                     raise RuntimeError("parec records nothing")
                 time.sleep(0.02)
             yield rec
-            time.sleep(0.2)  # the last frames through the monitor
+            rec.settle(0.2)  # the last frames through the monitor
         finally:
             _end(proc, signal.SIGINT)
         data = raw.read_bytes()
