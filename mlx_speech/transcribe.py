@@ -23,6 +23,7 @@ from .cliutil import (
     add_window_args,
     log,
     quantize_kwargs,
+    ranged,
     run_cli,
     window_kwargs,
 )
@@ -413,7 +414,7 @@ def build_parser() -> ArgumentParser:
                    help="--live: start each line with the time its speech began")
     p.add_argument("--words", action="store_true",
                    help="--live: after each line, its words with their start and end times")
-    p.add_argument("--silence-ms", type=int, default=500,
+    p.add_argument("--silence-ms", type=ranged(int, 1), default=500,
                    help="--live: a pause this long ends the line (default 500)")
     p.add_argument("--vad", metavar="PATH",
                    help="--live: Silero VAD weights (default: Silero's release model, "

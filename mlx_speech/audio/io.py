@@ -63,8 +63,15 @@ def load_audio(
     from mlx_speech.audio.decode import decode
 
     blocks = decode(path, sample_rate, log=log or _stderr)
-    out = np.concatenate(list(blocks))
-    return out, blocks.sample_rate
+    info, rate = blocks.info, blocks.sample_rate
+    if info.frames is None or info.reader != "soundfile":  # a length the header estimates
+        return np.concatenate(list(blocks)), rate
+    out = np.empty(-(-info.frames * rate // info.sample_rate), np.float32)  # resample's length
+    n = 0
+    for b in blocks:  # filled in place: the result, never twice its size
+        out[n: n + len(b)] = b
+        n += len(b)
+    return out[:n], rate
 
 
 def check_readable(path: str | Path) -> None:

@@ -40,7 +40,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
     add_window_args(p)
-    p.add_argument("--allowed-origin", action="append", default=[],
+    p.add_argument("--allowed-origin", action="append", default=[], type=origin,
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
     p.add_argument("--allowed-host", action="append", default=[],
@@ -76,6 +76,20 @@ def build_parser() -> ArgumentParser:
                    help="debug/benchmark: step live streams one at a time")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
+
+
+def origin(text: str) -> str:
+    """--allowed-origin: what a browser sends as Origin (scheme://host[:port], nothing after),
+    else it could never match."""
+    import argparse
+    from urllib.parse import urlsplit
+
+    u = urlsplit(text)
+    if u.scheme not in ("http", "https") or not u.netloc or u.path or u.query or u.fragment:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a browser origin: scheme://host[:port], e.g. https://app.example "
+            "(no path, no trailing slash)")
+    return text
 
 
 SERVED_KINDS = ("asr", "tts", "duplex")

@@ -21,6 +21,8 @@ from mlx_speech import server as srv_mod  # noqa: E402
     ("--max-buffer-s", "0", "must be more than 0"),
     ("--idle-timeout-s", "nan", "must be a finite number"),
     ("--decoder-window", "0", "must be at least 1"),
+    ("--allowed-origin", "https://app.example/", "is not a browser origin"),  # never matched
+    ("--allowed-origin", "app.example", "is not a browser origin"),
 ])
 def test_flags_out_of_range_are_usage_errors(flag, value, says, monkeypatch, capsys):
     monkeypatch.setattr(mlx_speech, "load", lambda *a, **k: pytest.fail("loaded"))

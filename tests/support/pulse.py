@@ -76,23 +76,28 @@ def align(recorded, reference) -> int:
     return int(np.argmax(c))
 
 
-def played_in_order(recorded, reference, block: int, max_gap: int, atol: float) -> int:
-    """Check that every `block`-sample piece of `reference` was played exactly (within `atol`)
-    and in order, allowing silence between pieces (a speaker underrun: generation slower than
-    real time on a busy machine plays a gap, never other samples). Returns the gaps' count."""
-    recorded = np.asarray(recorded, np.float32)
-    pos, gaps = align(recorded, reference[:block]), 0
-    for i in range(0, len(reference), block):
-        piece = reference[i: i + block]
-        window = recorded[pos: pos + len(piece) + max_gap]
-        off = pos + align(window, piece)
-        got = recorded[off: off + len(piece)]
-        assert len(got) == len(piece), f"piece {i // block} was not played (cut off)"
-        err = float(np.abs(got - piece).max())
-        assert err < atol, f"piece {i // block} played with error {err}"
-        gaps += off > pos and np.abs(recorded[pos:off]).max() < atol
-        pos = off + len(piece)
-    return gaps
+def favoured() -> None:
+    """A subprocess `preexec_fn`: run the audio program ahead of ordinary work (nice -10), as
+    audio programs ask for a real-time priority, so a busy machine does not starve its audio
+    callbacks into underruns that drop samples (an ALSA xrun). Where raising the priority is
+    not permitted, it runs as it is."""
+    try:
+        os.nice(-10)
+    except OSError:
+        pass
+
+
+def without_gaps(samples, min_run: int = 16) -> np.ndarray:
+    """`samples` less every run of `min_run` or more exact zeros: the silence PulseAudio plays
+    when a player underruns (on a busy machine), wherever it falls."""
+    x = np.asarray(samples, np.float32)
+    zero = np.concatenate([[False], x == 0, [False]])
+    edges = np.flatnonzero(zero[1:] != zero[:-1])  # run starts and ends, alternating
+    keep = np.ones(len(x), bool)
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        if b - a >= min_run:
+            keep[a:b] = False
+    return x[keep]
 
 
 def _end(proc: subprocess.Popen, sig: int) -> None:
@@ -243,7 +248,7 @@ class Pulse:
              "--high-priority=no", "--log-target=stderr",
              "-F", str(script)],
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=favoured)  # the audio server ahead too
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -296,9 +301,10 @@ class Pulse:
         with open(raw, "wb") as f:
             proc = subprocess.Popen(
                 ["parec", "-d", "speaker.monitor", "--raw", "--format=s16le",
-                 f"--rate={self.speaker_rate}", "--channels=1", "--latency-msec=20",
+                 f"--rate={self.speaker_rate}", "--channels=1", "--latency-msec=100",
                  "--client-name=pulse-fixture"],
-                env=dict(os.environ, **self.env), stdout=f, stderr=subprocess.PIPE)
+                env=dict(os.environ, **self.env), stdout=f, stderr=subprocess.PIPE,
+                preexec_fn=favoured)
         try:
             deadline = time.monotonic() + 10
             while "pulse-fixture" not in self.pactl("list", "source-outputs"):
@@ -311,7 +317,7 @@ class Pulse:
                     raise RuntimeError("parec records nothing")
                 time.sleep(0.02)
             yield rec
-            rec.settle(0.2)  # the last frames through the monitor
+            rec.settle(1.0)  # the last frames through the monitor (a deep sink buffer too)
         finally:
             _end(proc, signal.SIGINT)
         data = raw.read_bytes()
