@@ -131,7 +131,12 @@ def _model_type(snapshot: Path) -> str:
             t = detect_model_type(snapshot)
     except Exception:
         return "not a model mlx_speech loads"
-    return f"{t}, {kind_of(t)}" if t in MODELS else f"{t}: not supported"
+    if t not in MODELS:
+        return f"{t}: not supported"
+    try:
+        return f"{t}, {kind_of(t)}"
+    except ImportError:  # the family's code needs MLX, which cannot load (the mlx row says why)
+        return t
 
 
 def cache_rows() -> tuple[list[Row], list[dict]]:

@@ -4,6 +4,7 @@ the commands that run an ASR session."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from .errors import MlxSpeechError
@@ -19,15 +20,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"phrase boosting weight (default {DEFAULT_BOOST}; 0: off)")
 
 
-def _each(items: list[str], where) -> None:
-    """Each phrase alone, so an error names the one at fault (`where(i)`, 1-based)."""
-    for i, item in enumerate(items, 1):
-        try:
-            parse_hotwords([item])
-        except MlxSpeechError as e:
-            raise MlxSpeechError(f"{where(i)}: {e}") from None
-
-
 def read_file(path: str | Path) -> list[str]:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -35,15 +27,18 @@ def read_file(path: str | Path) -> list[str]:
         raise MlxSpeechError(f"cannot read hotwords file {path}: "
                              f"{getattr(e, 'strerror', None) or e}") from None
     lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    _each(lines, lambda i: f"hotwords file {path}, line {i}")
+    for i, line in enumerate(lines, 1):  # a phrase at fault is named by its line
+        if line:
+            try:
+                parse_hotwords([line])
+            except MlxSpeechError as e:
+                why = re.sub(r"^hotword 1\b", f"line {i}", str(e))
+                raise MlxSpeechError(f"hotwords file {path}: {why}") from None
     return lines
 
 
 def from_args(args) -> dict:
     """Session keywords ({} without phrases); checked before any model loads."""
-    if args.hotwords:
-        _each(args.hotwords.replace("\n", ",").split(","),
-              lambda i: f"--hotwords, phrase {i}")
     phrases = parse_hotwords(args.hotwords) if args.hotwords else []
     if args.hotwords_file:
         phrases = parse_hotwords(phrases + read_file(args.hotwords_file))

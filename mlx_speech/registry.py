@@ -109,10 +109,10 @@ def check_loaded(what: str, model, want) -> None:
 
 def check_options(model_type: str, folder, what: str, options: dict) -> None:
     """The session options a front door will use (`{"voice": ..., "role": ...}`, None values
-    ignored), checked by the family against its checkpoint's files before any weights are
-    read: the family module's `check_options(folder, what, **options)`, where it has one (it
-    checks what the files present allow: a hub repo's configs come before its voices)."""
+    ignored), checked against the checkpoint's files before any weights are read, by the
+    family class's `check_options(folder, what, **options)` where it has one (it checks what
+    the files present allow: a hub repo's configs come before its voices)."""
     given = {k: v for k, v in options.items() if v is not None}
-    hook = getattr(model_module(model_type), "check_options", None)
+    hook = getattr(family(model_type), "check_options", None)
     if given and hook is not None:
         hook(folder, what, **given)

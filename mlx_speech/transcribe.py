@@ -533,9 +533,6 @@ def _run(args) -> None:
     hotwords.from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
-    if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):
-        raise MlxSpeechError(f"--latency-ms must be a positive multiple of 80 ms (80, 160, "
-                             f"240...), got {args.latency_ms}")
     if args.live:
         outs = [check_live_output(args)] if args.output else []
     else:  # every check before loading a multi-GB model
