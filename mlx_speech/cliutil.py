@@ -132,12 +132,14 @@ def add_quantize_args(p) -> None:
                    help="quantization group size (default 64)")
 
 
-def add_window_args(p) -> None:
-    """`--decoder-window N` / `--encoder-window M`: Voxtral Realtime's memory lever."""
-    p.add_argument("--decoder-window", type=ranged(int, 1), metavar="N",
+def add_window_args(p, ranged_by_argparse: bool = False) -> None:
+    """`--decoder-window N` / `--encoder-window M`: Voxtral Realtime's memory lever (with
+    `ranged_by_argparse`, below 1 is a usage error; else the family's loader refuses it)."""
+    kind = ranged(int, 1) if ranged_by_argparse else int
+    p.add_argument("--decoder-window", type=kind, metavar="N",
                    help="Voxtral Realtime: attend to the last N decoder positions (default "
                         "the model's 8192): less memory per stream, slightly different text")
-    p.add_argument("--encoder-window", type=ranged(int, 1), metavar="M",
+    p.add_argument("--encoder-window", type=kind, metavar="M",
                    help="Voxtral Realtime: attend to the last M encoder frames (default 750)")
 
 

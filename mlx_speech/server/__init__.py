@@ -39,7 +39,7 @@ def build_parser() -> ArgumentParser:
                                      "MLX_SPEECH_API_KEY environment variable, unseen by ps)")
     p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
-    add_window_args(p)
+    add_window_args(p, ranged_by_argparse=True)  # every server flag: argparse checks it
     p.add_argument("--allowed-origin", action="append", default=[], type=origin,
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")

@@ -168,7 +168,9 @@ def test_1_rates_are_checked_and_nothing_heavy_runs_on_the_event_loop(srv, model
                                           "audio": b64(np.full(80, 0.1, np.float32))}))
         for rate in (8000, 44100):
             await ws.send(rate_update(rate))
-            assert json.loads(await ws.recv())["type"] == "session.updated"
+            # the cleared turns' last deltas may still come first (a busy machine)
+            while (ev := json.loads(await ws.recv()))["type"] != "session.updated":
+                assert ev["type"].startswith("conversation.item.input_audio_transcription"), ev
             big = b64(np.resize(speechlike(2.0, seed=1), int(59.9 * rate)))  # a whole buffer
             for _ in range(3):
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
