@@ -164,7 +164,7 @@ def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
-def check_options(configs: Path, language: str | None = None, **_) -> None:
+def check_load_options(configs: Path, language: str | None = None, **_) -> None:
     """`language` against the checkpoint's languages, from its configs alone (a `.nemo`'s
     model_config.yaml; a folder's config.json and processor_config.json): a one-line error
     before any weights are read or downloaded."""
@@ -217,7 +217,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     """
     path = Path(path)
     converted = False
-    check_options(path, language)  # before any weights are read
+    check_load_options(path, language)  # before any weights are read
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
         c = nemo_config_json(nemo_config)
