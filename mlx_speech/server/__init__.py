@@ -4,12 +4,19 @@
         [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file PATH] [--quantize N]
         [--allowed-origin https://app.example] [--allowed-host speech.lan] [--voices DIR]
         [--max-sessions N] [--max-connections-per-ip N]
+        [--preload] [--unload-after-s N] [--load-timeout-s N] [--ray [--replicas N]]
 
 A page for trying every served model in a browser is at http://HOST:PORT/ .
 Endpoints: GET /health, GET /v1/models, POST /v1/audio/transcriptions, POST
 /v1/audio/speech, WS /v1/realtime (vLLM's dialect; OpenAI's with ?intent=transcription),
 WS /api/chat (Kyutai's Moshi protocol). One engine thread runs every model step; live
 transcription streams of one model are batched into shared steps.
+
+Each model is checked at start (its kind, from its config files) and loaded when a request
+first names it (--preload: all at start); --unload-after-s N frees a model no request or
+session has used for N seconds, and the next request loads it again (docs/scaling.md).
+--ray serves the same app as a Ray Serve deployment of --replicas N processes behind Ray's
+proxy (the `cluster` extra; a cluster is started from a `serve run` config, docs/scaling.md).
 
 Binds 127.0.0.1 unless told otherwise. --api-key (or --api-key-file, or the
 MLX_SPEECH_API_KEY environment variable) is checked on HTTP and on WebSocket handshakes
@@ -71,30 +78,25 @@ def build_parser() -> ArgumentParser:
                    help="speaker diarization model (e.g. mlx-community/diar_streaming_"
                         "sortformer_4spk-v2.1-fp16): response_format=diarized_json and "
                         "diarize=true on verbose_json")
+    p.add_argument("--preload", action="store_true",
+                   help="load every model at start (default: each when a request first "
+                        "names it)")
+    p.add_argument("--unload-after-s", type=float, metavar="N",
+                   help="free a model no request or session has used for N seconds (its "
+                        "weights and MLX's cache); the next request loads it again")
+    p.add_argument("--load-timeout-s", type=float, default=300.0, metavar="N",
+                   help="how long a request waits for its model to load before a 503 "
+                        "(default 300)")
+    p.add_argument("--ray", action="store_true",
+                   help="serve through Ray Serve: --replicas processes behind Ray's proxy on "
+                        "--host/--port (a local Ray instance, or the cluster RAY_ADDRESS "
+                        "names; needs the `cluster` extra)")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="with --ray: server replicas (each its own process, engine and models)")
     p.add_argument("--no-batch", action="store_true",
                    help="debug/benchmark: step live streams one at a time")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
-
-
-SERVED_KINDS = ("asr", "tts", "duplex")
-
-
-def load_models(ids: list[str], quantize: int | None = None, **load_kwargs) -> dict[str, object]:
-    import mlx_speech
-
-    from ..registry import check_loaded
-
-    if len(set(ids)) != len(ids):
-        twice = next(m for m in ids if ids.count(m) > 1)
-        raise MlxSpeechError(f"--model {twice} is given twice")
-    models = {}
-    for m in ids:
-        model = mlx_speech.load(m, kind=SERVED_KINDS, log=log,
-                                **({"quantize": quantize} if quantize else {}), **load_kwargs)
-        check_loaded(m, model, SERVED_KINDS)
-        models[m] = model
-    return models
 
 
 def bind(host: str, port: int):
@@ -146,7 +148,7 @@ def load_server_vad(path: str | None):
         return None
 
 
-def make_app(models: dict[str, object], *, api_key: str | None = None,
+def make_app(models, *, api_key: str | None = None,
              allowed_origins: list[str] | None = None, max_upload_bytes: int = 200 << 20,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
              vad=None, diarizer=None, host: str = "127.0.0.1",
@@ -154,6 +156,8 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
              max_sessions: int | None = None, max_per_ip: int = 32):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
 
+    `models`: {id: loaded model}, or a `server.models.Models` store (models loaded when
+    used, freed when idle: `Models.locate(ids, unload_after_s=...)`).
     `vad`: a loaded Silero VAD (`mlx_speech.models.silero_vad.load_vad()`) for OpenAI's
     server_vad / semantic_vad turn detection; None: clients must commit each turn.
     `diarizer`: a loaded diarizer (`mlx_speech.diarize.load_diarizer()`) for speaker labels."""
@@ -161,9 +165,13 @@ def make_app(models: dict[str, object], *, api_key: str | None = None,
         from .app import create_app
     from .common import Served
     from .engine import Engine
+    from .models import Models
 
-    engine = Engine(batch=batch, max_buffer_s=max_buffer_s).start()
-    served = Served(models, engine, api_key, list(allowed_origins or []), max_upload_bytes,
+    store = models if isinstance(models, Models) else Models.loaded(models)
+    engine = Engine(batch=batch, max_buffer_s=max_buffer_s)
+    store.attach(engine)
+    engine.start()
+    served = Served(store, engine, api_key, list(allowed_origins or []), max_upload_bytes,
                     idle_timeout_s, vad=vad, diarizer=diarizer, bind_host=host,
                     allowed_hosts=list(allowed_hosts or []), voices_dir=voices_dir,
                     max_sessions=max_sessions, max_per_ip=max_per_ip)
@@ -189,26 +197,23 @@ def _run(args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allowed_host:
         log("note: clients that reach this server by a host name (not an IP address) need "
             "--allowed-host NAME (DNS rebinding defence)")
+    if args.replicas < 1:
+        raise MlxSpeechError(f"--replicas must be at least 1, got {args.replicas}")
+    if args.unload_after_s is not None and args.unload_after_s < 0:
+        raise MlxSpeechError("--unload-after-s must be 0 or more")
+    if args.ray:
+        import os
+
+        if not os.environ.get("RAY_ADDRESS"):  # a Ray instance of our own: on loopback
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray loads
+        with optional("cluster", "--ray (Ray Serve)"):
+            from .ray_serve import run_ray
+
+        return run_ray(args)
     sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket
     try:
         port = sock.getsockname()[1]
-        models = load_models(args.model, args.quantize, **window_kwargs(args))
-        vad = None if args.no_vad else load_server_vad(args.vad)
-        diarizer = None
-        if args.diarizer:
-            from ..diarize import load_diarizer
-
-            log(f"loading {args.diarizer}")
-            diarizer = load_diarizer(args.diarizer)
-        app, engine = make_app(models, api_key=args.api_key,
-                               allowed_origins=args.allowed_origin,
-                               max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
-                               max_buffer_s=args.max_buffer_s,
-                               idle_timeout_s=args.idle_timeout_s, batch=not args.no_batch,
-                               vad=vad, diarizer=diarizer, host=args.host,
-                               allowed_hosts=args.allowed_host, voices_dir=args.voices,
-                               max_sessions=args.max_sessions,
-                               max_per_ip=args.max_connections_per_ip)
+        app, engine = app_from_args(args)
         shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
         log(f"the page: http://{shown}:{port}/")
         try:
@@ -219,9 +224,38 @@ def _run(args) -> None:
         sock.close()
 
 
+def app_from_args(args):
+    """(app, engine) as the command line asks: the models checked from their config files
+    (kind, options) and, with --preload, loaded; the VAD and the diarizer loaded. A Ray
+    replica builds its own the same way."""
+    from .models import Models
+
+    load_kwargs = {**({"quantize": args.quantize} if args.quantize else {}),
+                   **window_kwargs(args)}
+    store = Models.locate(args.model, log_line=log, load_kwargs=load_kwargs,
+                          unload_after_s=args.unload_after_s,
+                          load_timeout_s=args.load_timeout_s)
+    if args.preload:
+        store.preload()
+    vad = None if args.no_vad else load_server_vad(args.vad)
+    diarizer = None
+    if args.diarizer:
+        from ..diarize import load_diarizer
+
+        log(f"loading {args.diarizer}")
+        diarizer = load_diarizer(args.diarizer)
+    return make_app(store, api_key=args.api_key, allowed_origins=args.allowed_origin,
+                    max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+                    max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
+                    batch=not args.no_batch, vad=vad, diarizer=diarizer, host=args.host,
+                    allowed_hosts=args.allowed_host, voices_dir=args.voices,
+                    max_sessions=args.max_sessions, max_per_ip=args.max_connections_per_ip)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_cli(_run, args)
 
 
-__all__ = ["bind", "build_parser", "load_models", "load_server_vad", "main", "make_app", "serve"]
+__all__ = ["app_from_args", "bind", "build_parser", "load_server_vad", "main", "make_app",
+           "serve"]

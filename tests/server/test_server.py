@@ -500,18 +500,24 @@ def test_command_line(monkeypatch, capsys, tmp_path):
     seen = {}
     nm = mlx_speech.load(GOLDEN / "nemotron")
 
-    def fake_load(path, **kw):
+    def fake_locate(path, **kw):  # the checks at start: kind and options, from the configs
         seen[path] = kw
+        return "nemotron_asr_streaming", f"/cache/{path}"
+
+    def fake_load(path, **kw):  # --preload: loaded at start, from where locate found it
+        seen["load", path] = kw
         return nm
 
     def fake_serve(app, sock, engine):
         seen["bind"] = sock.getsockname()[:2]
 
+    monkeypatch.setattr(mlx_speech, "locate", fake_locate)
     monkeypatch.setattr(mlx_speech, "load", fake_load)
     monkeypatch.setattr(srv_mod, "serve", fake_serve)
-    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "0"]) == 0
+    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "0", "--preload"]) == 0
     assert seen["a/b"]["quantize"] == 4 and seen["bind"][0] == "127.0.0.1" and seen["bind"][1]
     assert seen["a/b"]["kind"] == ("asr", "tts", "duplex")
+    assert seen["load", "/cache/a/b"]["quantize"] == 4
     assert "warning" not in capsys.readouterr().err
     assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--port", "0"]) == 0
     assert "warning: listening on 0.0.0.0 without --api-key" in capsys.readouterr().err
