@@ -206,8 +206,7 @@ def _run(args) -> None:
 
         if not os.environ.get("RAY_ADDRESS"):  # a Ray instance of our own: on loopback
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray loads
-        with optional("cluster", "--ray (Ray Serve)"):
-            from .ray_serve import run_ray
+        from .ray_serve import run_ray  # a missing ray: one line naming the cluster extra
 
         return run_ray(args)
     sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket

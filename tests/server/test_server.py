@@ -487,7 +487,8 @@ def test_command_line(monkeypatch, capsys, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     code = ("import sys, mlx_speech, mlx_speech.server, mlx_speech.cli; print([m for m in "
-            "('fastapi', 'uvicorn', 'starlette', 'websockets', 'openai') if m in sys.modules])")
+            "('fastapi', 'uvicorn', 'starlette', 'websockets', 'openai', 'ray') if m in "
+            "sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert r.stdout.strip() == "[]", r.stderr
     r = subprocess.run([sys.executable, "-m", "mlx_speech.server", "--help"],
