@@ -193,11 +193,24 @@ def create_app(served: Served) -> FastAPI:
         return JSONResponse({"status": "unhealthy", "error": e.failed or "engine stopped"},
                             status_code=503)
 
+    def model_entry(m: str) -> dict:
+        return {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
+                "kind": served.kind(m), **served.details(m)}
+
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [
-            {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
-             "kind": served.kind(m), **served.details(m)} for m in served.models]}
+        return {"object": "list", "data": [model_entry(m) for m in served.models]}
+
+    @app.post("/v1/models/{model_id:path}/load")
+    async def load_model(model_id: str):
+        """An extension: load a model now (the page, before its tab is used) and answer its
+        entry, details included; as any request naming it, it waits for the load."""
+        need_engine()
+        if model_id not in served.models:
+            raise ModelNotFound(f"model {model_id!r} is not served here; served: "
+                                f"{', '.join(served.models)}")
+        (await served.models.acquire(model_id)).release()
+        return model_entry(model_id)
 
     def need_engine():
         if not served.engine.healthy:

@@ -95,6 +95,11 @@ def test_checked_at_start_loaded_when_named_and_listed(nm_ref):
         assert httpx.get(srv.base + "/health", headers=auth).json() == {
             "status": "ok", "models": [nm, tts], "loaded": [nm]}
         assert s.entries[nm].loads == 1 and s.entries[tts].loads == 0
+        # the page loads a model before its tab is used (an extension), and gets its details
+        r = httpx.post(srv.base + f"/v1/models/{tts}/load", headers=auth, timeout=DEADLINE_S)
+        assert r.status_code == 200 and r.json()["loaded"] and r.json()["sample_rate"] == 24000
+        assert "casual_male" in r.json()["voices"] and s.entries[tts].loads == 1
+        assert httpx.post(srv.base + "/v1/models/nope/load", headers=auth).status_code == 404
 
 
 def test_the_kind_is_checked_before_anything_loads(monkeypatch, capsys):
