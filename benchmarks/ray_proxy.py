@@ -6,7 +6,8 @@
 Starts the same server twice on loopback, as subprocesses: `mlx_speech.server` (direct) and
 `mlx_speech.server --ray --replicas 1` (Ray's proxy in front of one replica), and sends the
 same requests to both, interleaved:
-* REST: POST /v1/audio/transcriptions of a 1 s clip (the model's work included);
+* REST: GET /v1/models (no model work), and POST /v1/audio/transcriptions of a 1 s clip
+  (the model's work included);
 * a realtime round trip with no model work: OpenAI's session.update -> session.updated;
 * realtime deltas (vLLM's dialect): one 80 ms append every 80 ms; each delta's latency is the
   time from the last append sent before it; the p50 over --delta-sessions sessions;
@@ -83,6 +84,18 @@ def pcm_b64(x: np.ndarray) -> str:
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def listing(addr: str, n: int) -> list[float]:
+    import httpx
+
+    out = []
+    with httpx.Client() as c:
+        for _ in range(n):
+            t = time.perf_counter()
+            c.get(f"http://{addr}/v1/models", timeout=60).raise_for_status()
+            out.append(time.perf_counter() - t)
+    return out
 
 
 def rest(addr: str, model: str, wav: bytes, n: int) -> list[float]:
@@ -182,6 +195,11 @@ def main(argv: list[str] | None = None) -> None:
         sf.write(buf, speechlike(1.0, 1), 16000, format="WAV", subtype="FLOAT")
         wav = buf.getvalue()
         rest(direct, args.model, wav, 3), rest(proxy, args.model, wav, 3)  # warm
+        d, q = [], []
+        for _ in range(args.rest):
+            d += listing(direct, 1)
+            q += listing(proxy, 1)
+        line("REST GET /v1/models (no model)", d, q)
         d, q = [], []
         for _ in range(args.rest):  # interleaved: the machine's load hits both alike
             d += rest(direct, args.model, wav, 1)

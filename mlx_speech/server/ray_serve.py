@@ -226,6 +226,8 @@ def run_ray(args) -> None:
     from .models import Models
 
     options = replica_options(args)
+    if args.api_key_file or args.api_key == os.environ.get("MLX_SPEECH_API_KEY"):
+        options.pop("api_key", None)  # each replica reads the file or the environment itself
     parse_options(options)
     from ..cliutil import window_kwargs
 

@@ -321,3 +321,22 @@ def test_a_lost_replica_closes_its_sessions_and_new_ones_go_on(cluster, refs):
     assert texts == [refs["nm"].transcribe(heard(s.audio)).text for s in kept]
     assert new_text == refs["nm"].transcribe(heard(speechlike(1.0, seed=99))).text
     assert t_new <= 10.0
+
+
+def test_a_config_s_args_are_the_server_s_own_options():
+    """`args` of a Serve config (and a replica's options) are mlx_speech.server's options:
+    lists repeat, true is a flag; a bad one is refused when the app is built, in one line."""
+    from mlx_speech.errors import MlxSpeechError
+    from mlx_speech.server.ray_serve import app_builder, parse_options, server_argv
+
+    opts = {"model": ["a", "b"], "preload": True, "no_vad": False, "unload_after_s": 600,
+            "allowed-host": ["x.lan"]}
+    assert server_argv(opts) == ["--model", "a", "--model", "b", "--preload",
+                                 "--unload-after-s", "600", "--allowed-host", "x.lan"]
+    a = parse_options(opts)
+    assert (a.model, a.preload, a.unload_after_s, a.allowed_host) == (["a", "b"], True, 600.0,
+                                                                      ["x.lan"])
+    with pytest.raises(MlxSpeechError, match="unrecognized arguments: --unload-minutes 3"):
+        app_builder({"model": ["a"], "unload_minutes": 3})
+    with pytest.raises(MlxSpeechError, match="the following arguments are required: --model"):
+        parse_options({})
