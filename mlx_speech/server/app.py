@@ -21,7 +21,7 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .jobs import AsrStream, BufferFull, SpeechJob, Steps
-from .limits import RETRY_AFTER_S, Limits, while_connected
+from .limits import RETRY_AFTER_S, Limits, session_budget, while_connected
 from .models import ModelUnavailable
 from .security import Defences
 from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
@@ -390,7 +390,8 @@ def create_app(served: Served) -> FastAPI:
     add_realtime(app, served)
     add_kyutai(app, served)
     add_page(app)
-    app.add_middleware(Limits, max_sessions=served.session_limit, max_per_ip=served.max_per_ip)
+    app.add_middleware(Limits, max_per_ip=served.max_per_ip, max_sessions=lambda: (
+        served.max_sessions or session_budget(served.models.budgets())))  # models load later
     app.add_middleware(Guard, served=served)
     app.add_middleware(Defences, served=served)  # outermost: Host, Origin, content type
     if served.allowed_origins:

@@ -73,12 +73,6 @@ class Served:
         the model keeps it loaded by itself)."""
         return await self.models.acquire(self.pick(name, kind), loading)
 
-    def session_limit(self) -> int:
-        """Live sessions at once: --max-sessions, else from the memory the models use."""
-        from .limits import session_budget
-
-        return self.max_sessions or session_budget(self.models.budgets())
-
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 

@@ -74,7 +74,7 @@ def parse_options(options: dict):
     """The server's parsed arguments for `options`; MlxSpeechError for a bad one."""
     import io
 
-    from . import build_parser
+    from .options import build_parser
 
     argv = server_argv(options)
     err = io.StringIO()
@@ -89,7 +89,7 @@ def parse_options(options: dict):
 def replica_options(args) -> dict:
     """A parsed command line's options, as a replica takes them (those that differ from the
     defaults, without the driver's own: --ray, --replicas, --port)."""
-    from . import build_parser
+    from .options import build_parser
 
     defaults = vars(build_parser().parse_args(["--model", "x"]))
     return {k: v for k, v in vars(args).items()
@@ -123,7 +123,7 @@ class Replica:
     """One server: the app, engine and models `mlx_speech.server OPTIONS` would serve."""
 
     def __init__(self, options: dict):
-        from . import app_from_args
+        from .options import app_from_args
         from .security import resolve_api_key
 
         args = parse_options(options)
@@ -222,8 +222,8 @@ def run_ray(args) -> None:
     """Serve `args` through Ray Serve on this machine (or the cluster RAY_ADDRESS names):
     everything a replica would refuse is refused here first, then Ray starts, the proxy
     listens on --host/--port, and --replicas replicas serve until Ctrl-C or SIGTERM."""
-    from . import bind
     from .models import Models
+    from .options import bind
 
     options = replica_options(args)
     if args.api_key_file or args.api_key == os.environ.get("MLX_SPEECH_API_KEY"):

@@ -50,6 +50,19 @@ def hold_to_talk(app, clock) -> int:
     return sid
 
 
+def inserted_once_ready(app, clock, events, gate, state: str) -> None:
+    """Let go of the dictation key while the model is not ready: nothing is typed; once the
+    gate lets the model through, the whole dictation is inserted, and the menu went through
+    `state` meanwhile."""
+    key(app, clock, "dictate", False, 0.5)
+    advance(app, clock, 0.05)
+    assert app.view().finalizing == 1 and app.ports.inserter.calls == []
+    gate.set()
+    pump_until(app, lambda: kinds(events, "inserted"))
+    assert kinds(events, "inserted")[0]["text"] == "w0 w1 w2 w3 w4"
+    assert state in states(events)
+
+
 def kinds(events, kind):
     return [e for e in events if e["event"] == kind]
 
@@ -189,13 +202,7 @@ def test_dictation_during_model_load_is_queued_not_lost():
         advance(app, clock, 0.3)
         for _ in range(5):
             app.ports.microphone.push(SOUND)
-        key(app, clock, "dictate", False, 0.5)
-        advance(app, clock, 0.05)
-        assert app.view().finalizing == 1 and app.ports.inserter.calls == []
-        gate.set()  # the model arrives
-        pump_until(app, lambda: kinds(events, "inserted"))
-        assert kinds(events, "inserted")[0]["text"] == "w0 w1 w2 w3 w4"
-        assert "downloading" in states(events)
+        inserted_once_ready(app, clock, events, gate, "downloading")  # the model arrives
     finally:
         gate.set()
         engine.shutdown()
@@ -477,13 +484,7 @@ def test_an_unloaded_model_reloads_on_the_hotkey_with_loading_shown_and_nothing_
         assert menu.state == "loading" and app.view().listening
         assert "Listening: what you say is kept until the model is ready" in [
             it.title for it in menu.items]
-        key(app, clock, "dictate", False, 0.5)
-        advance(app, clock, 0.05)
-        assert app.ports.inserter.calls == []
-        gate.set()  # the model is back
-        pump_until(app, lambda: kinds(events, "inserted"))
-        assert kinds(events, "inserted")[0]["text"] == "w0 w1 w2 w3 w4"
-        assert "loading" in states(events)
+        inserted_once_ready(app, clock, events, gate, "loading")  # the model is back
     finally:
         gate.set()
         engine.shutdown()

@@ -28,6 +28,7 @@ from tests.conftest import speechlike  # noqa: E402
 from tests.support.server import (  # noqa: E402
     KEY,
     ServerThread,
+    kyutai_talk,
     pcm16,
     run,
     vllm_client,
@@ -450,27 +451,8 @@ def test_kyutai_protocol_equals_session_step(srv, models):
         want_audio += ew.append_pcm(out)
         want_text += text
 
-    async def talk():
-        url = srv.ws + "/api/chat?seed=3"
-        async with websockets.connect(url, additional_headers={
-                "Authorization": f"Bearer {KEY}"}) as ws:
-            assert await ws.recv() == b"\x00"
-            for p in packets:
-                await ws.send(b"\x01" + p)
-            audio, text = b"", ""
-            while len(audio) < len(want_audio) or len(text) < len(want_text):
-                try:
-                    m = await asyncio.wait_for(ws.recv(), 5.0)
-                except asyncio.TimeoutError:
-                    break  # the server sent less than expected
-                assert m[:1] in (b"\x01", b"\x02"), m
-                if m[:1] == b"\x01":
-                    audio += m[1:]
-                else:
-                    text += m[1:].decode()
-            return audio, text
-
-    audio, text = run(talk())
+    audio, text = run(kyutai_talk(srv.ws + "/api/chat?seed=3", packets, len(want_audio),
+                                  len(want_text), {"Authorization": f"Bearer {KEY}"}))
     assert len(want_audio) > 0
     assert audio == want_audio and text == want_text
 

@@ -53,6 +53,14 @@ def ids(s: Models) -> tuple[str, str]:
     return tuple(s)
 
 
+def idle_store(nm_ref, seconds: float, seed: int):
+    """(clock, store freeing models after IDLE_S, the ASR id, audio, its transcript)."""
+    clock = Clock()
+    s = store(clock, unload_after_s=IDLE_S)
+    x = speechlike(seconds, seed=seed)
+    return clock, s, ids(s)[0], x, nm_ref.transcribe(x).text
+
+
 def wait_until(cond, what: str) -> None:
     t0 = time.monotonic()
     while not cond():
@@ -121,11 +129,7 @@ def test_idle_unload_frees_the_memory_and_the_next_request_reloads(nm_ref):
     """After IDLE_S without a request, the engine drops the model: MLX active memory goes
     back to what it was before the load (the model's weights are gone, not only unlisted);
     the next request loads it again and answers as the library does."""
-    clock = Clock()
-    s = store(clock, unload_after_s=IDLE_S)
-    nm, _ = ids(s)
-    x = speechlike(1.2, seed=8)
-    want = nm_ref.transcribe(x).text
+    clock, s, nm, x, want = idle_store(nm_ref, 1.2, 8)
     with ServerThread(s) as srv:
         assert transcribe(srv, nm, x).json()["text"] == want
         e = s.entries[nm]
@@ -153,11 +157,7 @@ def test_an_open_session_keeps_its_model_and_realtime_clients_hear_the_load(nm_r
     """A realtime session holds its model however long it is idle; the client is told
     `model.loading` / `model.loaded` when its model had to be loaded (both dialects). Once
     the last session closes the model is freed after IDLE_S."""
-    clock = Clock()
-    s = store(clock, unload_after_s=IDLE_S)
-    nm, _ = ids(s)
-    x = speechlike(1.0, seed=2)
-    want = nm_ref.transcribe(x).text
+    clock, s, nm, x, want = idle_store(nm_ref, 1.0, 2)
     with ServerThread(s) as srv:
         async def session():
             async with websockets.connect(srv.ws + "/v1/realtime") as ws:

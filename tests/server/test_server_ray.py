@@ -36,7 +36,7 @@ import httpx  # noqa: E402
 import mlx_speech  # noqa: E402
 from mlx_speech.server.ray_serve import CALLBACK, CALLBACK_ENV, NAME  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
-from tests.support.server import pcm16, wav_bytes  # noqa: E402
+from tests.support.server import kyutai_talk, pcm16, wav_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -248,23 +248,8 @@ def test_rest_speech_kyutai_and_the_page_through_the_proxy(cluster, refs):
         want_audio += ew.append_pcm(out)
         want_text += text
 
-    async def talk():
-        async with websockets.connect(cluster["ws"] + f"/api/chat?seed=3&model={m['moshi']}",
-                                      max_size=None) as ws:
-            assert await ws.recv() == b"\x00"
-            for p in packets:
-                await ws.send(b"\x01" + p)
-            audio, text = b"", ""
-            while len(audio) < len(want_audio) or len(text) < len(want_text):
-                msg = await asyncio.wait_for(ws.recv(), 30)
-                assert msg[:1] in (b"\x01", b"\x02"), msg
-                if msg[:1] == b"\x01":
-                    audio += msg[1:]
-                else:
-                    text += msg[1:].decode()
-            return audio, text
-
-    audio, text = run(talk())
+    audio, text = run(kyutai_talk(cluster["ws"] + f"/api/chat?seed=3&model={m['moshi']}",
+                                  packets, len(want_audio), len(want_text), wait_s=30))
     assert len(want_audio) > 0 and audio == want_audio and text == want_text
 
 
