@@ -18,6 +18,7 @@ Prints MB; numbers only, no assertions (the test is tests/server/test_server_laz
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -39,6 +40,7 @@ def mb(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # float32 compared: no TF32
     import httpx
 
     from mlx_speech.server.models import Models, measure_free

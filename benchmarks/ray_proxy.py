@@ -172,6 +172,7 @@ def line(what: str, direct: list[float], proxy: list[float]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # float32 compared: no TF32
     import soundfile as sf
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
