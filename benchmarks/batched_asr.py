@@ -1,16 +1,18 @@
 """Batched streaming ASR: per-step time vs the number of sessions stepped together.
 
-    python benchmarks/batched_asr.py [--model voxtral|nemotron|both]
+    python benchmarks/batched_asr.py [--model voxtral|nemotron|nemotron35|both]
         [--config tiny|full-narrow|full] [--sizes 1,2,4,8,16,32] [--steps N] [--warmup N]
-        [--dtype float32|bfloat16] [--latency-ms 80|160|560|1120] [--long-ticks N]
-        [--long-size B]
+        [--dtype float32|bfloat16] [--latency-ms 80|160|320|560|1120] [--long-ticks N]
+        [--long-size B] [--blank-bias 4.5]
 
 Writes the random checkpoints of benchmarks/voxtral_realtime.py and
 benchmarks/nemotron_streaming.py (`full-narrow`: the real widths with 2 layers)
 to a temp dir, then for each batch size B opens B sessions (each its own audio)
 and times ticks: one `owner.feed_many` call in which every session gets one
 frame (Voxtral: 80 ms, one encoder chunk and one decoder step per session;
-Nemotron: one (r+1) x 80 ms block of the latency mode, encoder + RNN-T greedy),
+Nemotron: one (r+1) x 80 ms block of the latency mode, encoder + RNN-T greedy; Nemotron 3.5
+(`nemotron35`): the same plus the language prompt and its 13088-entry joint, the sessions of a
+batch in different languages, `auto` among them, 320 ms also a mode),
 synced (the text is read). Prints the median tick ms after the prompt and
 `--warmup` ticks, per-stream ms, and the ratios "8 batched streams / 1 stream"
 (target <= 2.5x) and "8 batched / 8 sequential" (the same 8 sessions stepped one
@@ -57,6 +59,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import nemotron_streaming as nb  # noqa: E402
 import voxtral_realtime as vb  # noqa: E402
+
+from mlx_speech.models.nemotron_streaming import multilingual as nb35  # noqa: E402
 
 SIZES = [1, 2, 4, 8, 16, 32]
 
@@ -183,23 +187,33 @@ def bench_voxtral(folder: Path, config: str, dtype: mx.Dtype, sizes: list[int], 
         print("after the long run: " + voxtral_memory(vr, kept[0]))
 
 
+LANGUAGES = ["auto", "en-US", "de-DE", "fr-FR", "es-ES", "ja-JP", "hi-IN", "pt-BR"]
+
+
 def bench_nemotron(folder: Path, config: str, dtype: mx.Dtype, sizes: list[int], steps: int,
-                   warmup: int, latency_ms: int, long_ticks: int, long_size: int) -> None:
+                   warmup: int, latency_ms: int, long_ticks: int, long_size: int,
+                   prompted: bool = False, blank_bias: float = 4.5) -> None:
     from mlx_speech.models.nemotron_streaming import load
 
-    nb.write_random_checkpoint(folder, config, None, blank_bias=4.5)
+    nb.write_random_checkpoint(folder, config, None, blank_bias=blank_bias, prompted=prompted)
     nm = load(folder, dtype=dtype)
-    frame = (nb.LATENCY_MS[latency_ms] + 1) * vb.TOKEN_SAMPLES
+    frame = (nm.config.latencies()[latency_ms] + 1) * vb.TOKEN_SAMPLES
     kept: list = []
+    opened = iter(range(1 << 30))
+
+    def open_session():
+        if not prompted:
+            return nm.session(latency_ms)
+        return nm.session(latency_ms, language=LANGUAGES[next(opened) % len(LANGUAGES)])
 
     def run(b: int, batched: bool, n: int = steps) -> list[float]:
         kept.clear()
-        return tick_ms(nm, lambda: nm.session(latency_ms), frame, b, n, warmup, 1, batched,
-                       kept)
+        return tick_ms(nm, open_session, frame, b, n, warmup, 1, batched, kept)
 
-    report(f"Nemotron {config}: {nb.CONFIGS[config]['layers']} conformer layers x "
-           f"{nb.CONFIGS[config]['hidden_size']}; one {latency_ms} ms block per session per "
-           f"tick", run, sizes, frame / 16)
+    name = "Nemotron 3.5 (languages mixed in a batch)" if prompted else "Nemotron"
+    report(f"{name} {config}: {nb.CONFIGS[config]['layers']} conformer layers x "
+           f"{nb.CONFIGS[config]['hidden_size']}, vocab {nm.config.vocab_size}; one "
+           f"{latency_ms} ms block per session per tick", run, sizes, frame / 16)
     state = sum(a.nbytes for a in kept[0].enc_state.arrays())
     print(f"memory per stream: {mib(state)} of encoder state (bounded: left context)")
     report_long(run, long_size, long_ticks)
@@ -208,17 +222,25 @@ def bench_nemotron(folder: Path, config: str, dtype: mx.Dtype, sizes: list[int],
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MLX_ENABLE_TF32", "0")  # full float32 on CUDA / new Macs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["voxtral", "nemotron", "both"], default="both")
+    ap.add_argument("--model", choices=["voxtral", "nemotron", "nemotron35", "both"],
+                    default="both", help="both: voxtral and nemotron")
     ap.add_argument("--config", choices=["tiny", "full-narrow", "full"], default="full-narrow")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtype", choices=sorted(vb.DTYPES), default="float32")
-    ap.add_argument("--latency-ms", type=int, choices=sorted(nb.LATENCY_MS), default=160)
+    ap.add_argument("--latency-ms", type=int, choices=sorted(nb35.LATENCY_MS), default=160,
+                    help="Nemotron's latency mode (320: Nemotron 3.5 only)")
     ap.add_argument("--long-ticks", type=int, default=0,
                     help="also time --long-size streams over this many ticks (a long stream)")
     ap.add_argument("--long-size", type=int, default=1, help="streams in the long run")
+    ap.add_argument("--blank-bias", type=float, default=4.5,
+                    help="Nemotron's random joint: the blank logit's bias (random frames are "
+                         "alike, so a stream emits max_symbols tokens per frame or none; 8: "
+                         "none, the encoder and one joint call per tick)")
     args = ap.parse_args(argv)
+    if args.latency_ms not in nb.LATENCY_MS and args.model in ("nemotron", "both"):
+        ap.error(f"--latency-ms {args.latency_ms} is a Nemotron 3.5 mode (--model nemotron35)")
     sizes = [int(x) for x in args.sizes.split(",")]
     dtype = vb.DTYPES[args.dtype]
     print(f"Batched streaming ASR | device {mx.default_device()} | mlx {mx.__version__} | "
@@ -230,7 +252,12 @@ def main(argv: list[str] | None = None) -> None:
                           args.long_ticks, args.long_size)
         if args.model in ("nemotron", "both"):
             bench_nemotron(Path(tmp) / "nm", args.config, dtype, sizes, args.steps,
-                           args.warmup, args.latency_ms, args.long_ticks, args.long_size)
+                           args.warmup, args.latency_ms, args.long_ticks, args.long_size,
+                           blank_bias=args.blank_bias)
+        if args.model == "nemotron35":
+            bench_nemotron(Path(tmp) / "nm35", args.config, dtype, sizes, args.steps,
+                           args.warmup, args.latency_ms, args.long_ticks, args.long_size,
+                           prompted=True, blank_bias=args.blank_bias)
 
 
 if __name__ == "__main__":

@@ -75,16 +75,24 @@ CONFIGS = {
 
 
 def write_random_checkpoint(out: Path, name: str, layers: int | None, blank_bias: float,
-                            seed: int = 0) -> Path:
+                            seed: int = 0, prompted: bool = False) -> Path:
+    """`prompted`: Nemotron 3.5 (`nemotron3_5_asr`): the language prompt (128 slots, the
+    release's dictionary), its 13088-entry vocabulary (the real joint head) and the 320 ms
+    mode; the transformers layout, languages in processor_config.json."""
     from mlx.utils import tree_flatten
 
     from mlx_speech.models.nemotron_streaming.config import NemotronStreamingConfig
+    from mlx_speech.models.nemotron_streaming.languages import release_prompts
     from mlx_speech.models.nemotron_streaming.transducer import Model
 
     c = dict(CONFIGS[name])
     n_layers = layers or c.pop("layers")
     c.pop("layers", None)
     pred, vocab = c.pop("pred"), c.pop("vocab")
+    lookaheads = LOOKAHEADS
+    if prompted:
+        vocab = 13087 if name != "tiny" else vocab
+        lookaheads = [13, 6, 3, 1, 0]
     cfg = {
         "model_type": "nemotron_asr_streaming", "architectures": ["NemotronAsrStreamingForRNNT"],
         "vocab_size": vocab + 1,
@@ -96,6 +104,11 @@ def write_random_checkpoint(out: Path, name: str, layers: int | None, blank_bias
                                default_num_lookahead_tokens=13, subsampling_factor=8,
                                max_position_embeddings=5000),
     }
+    if prompted:  # the release's left context (56) takes the 320 ms blocks of 4 frames
+        cfg.update(model_type="nemotron3_5_asr", architectures=["Nemotron3_5AsrForRNNT"],
+                   num_prompts=128, prompt_intermediate_size=2 * c["hidden_size"],
+                   default_prompt_id=101)
+        cfg["encoder_config"].update(sliding_window=57, supported_num_lookahead_tokens=lookaheads)
     # build our model to learn the shapes, then save them in the torch layouts
     model = Model(NemotronStreamingConfig.from_hf(cfg))
     rng = np.random.default_rng(seed)
@@ -118,8 +131,10 @@ def write_random_checkpoint(out: Path, name: str, layers: int | None, blank_bias
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     # mlx-audio's `_from_hf` reads the supported lookaheads from the processor config
-    (out / "processor_config.json").write_text(
-        json.dumps({"supported_num_lookahead_tokens": LOOKAHEADS}))
+    proc = {"supported_num_lookahead_tokens": lookaheads}
+    if prompted:
+        proc.update(prompt_dictionary=release_prompts(), num_prompts=128)
+    (out / "processor_config.json").write_text(json.dumps(proc))
     mx.save_safetensors(str(out / "model.safetensors"),
                         {k: mx.array(v) for k, v in weights.items()})
     letters = [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab - 1)]

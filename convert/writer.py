@@ -59,14 +59,21 @@ def _plan_voxtral(plan: _Plan, folder: Path, loaded) -> None:
 
 
 def _plan_nemotron(plan: _Plan, src: Path, loaded) -> None:
+    from mlx_speech.models.nemotron_streaming import folder_config
+    from mlx_speech.models.nemotron_streaming.layouts import nemo_config_json
+
     if src.is_file():  # .nemo: the transformers config and the SentencePiece model inside
-        from mlx_speech.models.nemotron_streaming.nemo import hf_config, read_nemo
+        from mlx_speech.models.nemotron_streaming.nemo import read_nemo
 
         nemo_config, _, tok = read_nemo(src, weights=False)
-        plan.files["config.json"] = hf_config(nemo_config)
+        plan.files["config.json"] = nemo_config_json(nemo_config)  # Nemotron 3.5: + languages
         plan.files["tokenizer.model"] = tok
-    else:
-        plan.files["config.json"] = src / "config.json"
+    else:  # Nemotron 3.5's languages join config.json; mlx-audio's config becomes ours
+        from mlx_speech.hub import read_json
+
+        config = folder_config(src)
+        same = config == read_json(src / "config.json")
+        plan.files["config.json"] = src / "config.json" if same else config
         for name in ("tokenizer.json", "tokenizer.model"):
             if (src / name).exists():
                 plan.files[name] = src / name
@@ -112,7 +119,9 @@ def _plan_vad(plan: _Plan, folder: Path, loaded) -> None:
 
 
 PLANS = {"voxtral_realtime": _plan_voxtral, "voxtral_tts": _plan_voxtral,
-         "nemotron_asr_streaming": _plan_nemotron, "moshi": _plan_moshi,
+         "nemotron_asr_streaming": _plan_nemotron, "nemotron3_5_asr": _plan_nemotron,
+         "nemotron_asr": _plan_nemotron,  # mlx-audio's layout, written as ours
+         "moshi": _plan_moshi,
          "personaplex": _plan_moshi,  # the community PersonaPlex MLX layout -> moshi
          "silero_vad": _plan_vad, "sortformer": _plan_sortformer}
 
@@ -215,6 +224,8 @@ def convert_model(src: str | Path, out: str | Path, *, quantize: int | None = No
     plan = _Plan()
     PLANS[kind](plan, path, loaded)
     kind = "moshi" if kind == "personaplex" else kind  # written in the Kyutai form
+    if kind == "nemotron_asr":  # mlx-audio's Nemotron: written in the transformers form
+        kind = plan.files["config.json"]["model_type"]
     weights = {part: dict(tree_flatten(m.parameters())) for part, (_, m) in plan.parts.items()}
     main = "lm" if "lm" in plan.parts else "model"
     quant, overrides = _quant_summary(plan.parts[main][1])

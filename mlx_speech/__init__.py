@@ -44,16 +44,25 @@ def locate(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...]
            check=None, log=None, **kwargs):
     """Everything `load` does before reading weights: (model type, local path of the
     checkpoint). The checks of `load` run (`kind`, `check`, the options the family's loader
-    takes), a hub repo's files are downloaded, nothing is loaded: `load(path, **kwargs)` later
-    loads the same model (a server that loads models on first use checks them at start)."""
+    takes and their values against the checkpoint's configs), a hub repo's files are
+    downloaded, nothing is loaded: `load(path, **kwargs)` later loads the same model (a server
+    that loads models on first use checks them at start)."""
     import inspect
     from pathlib import Path
 
     from .errors import CheckpointError, MlxSpeechError
     from .hub import detect_model_type, resolve
-    from .registry import ARCHIVES, archive_type, model_module, name_of, weight_patterns, wrong_kind
+    from .registry import (
+        ARCHIVES,
+        archive_type,
+        check_options,
+        model_module,
+        name_of,
+        weight_patterns,
+        wrong_kind,
+    )
 
-    def checks(model_type: str) -> None:
+    def checks(model_type: str, configs: Path | None = None) -> None:
         if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
             raise CheckpointError(msg)
         if check is not None:
@@ -65,15 +74,18 @@ def locate(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...]
             if unknown:  # e.g. a Voxtral-only option for another model
                 raise MlxSpeechError(f"{name_of(model_type)} models take no "
                                      f"{', '.join(unknown)} option")
+        if configs is not None:  # option values against the checkpoint's configs
+            check_options(model_type, configs, kwargs)
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
         model_type, folder = archive_type(p), p
     else:
-        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
+        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log,
+                         check_configs=lambda t, configs: check_options(t, configs, kwargs))
         # a hub repo holding one .nemo archive resolves to that file
         model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
-    checks(model_type)
+    checks(model_type, folder)
     return model_type, folder
 
 

@@ -10,7 +10,9 @@ import mlx.core as mx
 
 from .errors import CheckpointError
 
-CONFIG_FILES = ["config.json", "params.json", "mlx_speech.json"]
+# the configs read before any weights (processor_config.json: where transformers keeps e.g.
+# Nemotron 3.5's languages, which a front door checks before the download)
+CONFIG_FILES = ["config.json", "params.json", "mlx_speech.json", "processor_config.json"]
 
 
 def read_json(path: Path) -> dict:
@@ -130,12 +132,13 @@ def human_size(n: float) -> str:
 
 
 def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, check=None,
-            log=None) -> Path:
+            log=None, check_configs=None) -> Path:
     """A local folder as is, else a hub repo: configs first, then the files the
     model type needs (`weight_patterns(model_type, folder) -> list[str]`).
     `tqdm_class` goes to huggingface_hub (the app reads its byte progress). `check(model_type)`
-    runs on the configs before any weights are downloaded (it raises to stop); `log(line)`
-    hears how much is about to be downloaded."""
+    runs on the configs before any weights are downloaded (it raises to stop), then
+    `check_configs(model_type, folder)` with the folder holding them; `log(line)` hears how
+    much is about to be downloaded."""
     p = Path(path_or_repo).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -162,6 +165,8 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, c
     model_type = detect_model_type(folder)
     if check is not None:
         check(model_type)
+    if check_configs is not None:
+        check_configs(model_type, folder)
     if patterns is None:
         patterns = CONFIG_FILES + weight_patterns(model_type, folder)
     if log is not None:

@@ -14,6 +14,9 @@ from .models.base import COMMANDS, KIND_NAMES
 MODELS = {
     "voxtral_realtime": "mlx_speech.models.voxtral_realtime:VoxtralRealtime",
     "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming:NemotronStreaming",
+    # Nemotron 3.5: the same family with a language prompt (nemotron_asr: mlx-audio's layout)
+    "nemotron3_5_asr": "mlx_speech.models.nemotron_streaming.multilingual:Nemotron35Streaming",
+    "nemotron_asr": "mlx_speech.models.nemotron_streaming.multilingual:Nemotron35Streaming",
     "voxtral_tts": "mlx_speech.models.voxtral_tts:VoxtralTTS",
     "moshi": "mlx_speech.models.moshi:Moshi",
     "personaplex": "mlx_speech.models.moshi:Moshi",  # the community MLX layout's config.json
@@ -25,7 +28,8 @@ ARCHIVES = {".nemo": "nemotron_asr_streaming"}  # single-file checkpoints (defau
 
 def archive_type(path) -> str:
     """The model type of a single-file checkpoint: a `.nemo` holding a Sortformer diarizer
-    (its model_config.yaml has `sortformer_modules`) or, otherwise, Nemotron ASR."""
+    (its model_config.yaml has `sortformer_modules`), Nemotron 3.5 ASR (a language prompt
+    dictionary in its `model_defaults`) or, otherwise, Nemotron ASR."""
     from pathlib import Path
 
     path = Path(path)
@@ -41,6 +45,9 @@ def archive_type(path) -> str:
                         cfg = yaml.safe_load(tar.extractfile(m).read())
                         if isinstance(cfg, dict) and "sortformer_modules" in cfg:
                             return "sortformer"
+                        if isinstance(cfg, dict) and isinstance(cfg.get("model_defaults"), dict) \
+                                and cfg["model_defaults"].get("prompt_dictionary"):
+                            return "nemotron3_5_asr"
                         break
         except (tarfile.TarError, OSError, yaml.YAMLError):
             pass  # the family's loader reports the unreadable archive
@@ -65,6 +72,15 @@ def family(model_type: str) -> type:
 
 def weight_patterns(model_type: str, folder) -> list[str]:
     return model_module(model_type).weight_patterns(folder)
+
+
+def check_options(model_type: str, configs, options: dict) -> None:
+    """Load options checked against a checkpoint's configs before any weights are read or
+    downloaded (`configs`: the folder holding them, or the single-file archive), by the
+    family's `check_options(configs, **options)` where it has one (Nemotron 3.5: `language`)."""
+    check = getattr(model_module(model_type), "check_options", None)
+    if check is not None:
+        check(configs, **options)
 
 
 def kind_of(model_type: str) -> str:

@@ -4,6 +4,7 @@
     mlx_speech.transcribe --live [--timestamps] [--words] [--silence-ms 500] [--latency-ms 480]
         [--save-audio heard.wav] [--diarize [--diarizer MODEL]]
     mlx_speech.transcribe --model nvidia/nemotron-speech-streaming-en-0.6b --live --latency-ms 160
+    mlx_speech.transcribe --model nvidia/nemotron-3.5-asr-streaming-0.6b --language de talk.wav
 
 Results go to stdout (or -o), logs and progress to stderr. --live ends a line at each pause
 (the Silero VAD, shipped with mlx_speech; --no-vad for one endless line).
@@ -69,6 +70,8 @@ def transcribe_file(model, path: str, args) -> str:
     extra = {"file": str(path), "duration": round(total, 3),
              "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
                        for w in result.words]}
+    if result.language is not None:  # detected (or given) by models that tell
+        extra["language"] = result.language
     text = result.text
     if args.diarizer_model is not None:  # --diarize: txt gets a line per speaker turn
         from .diarize import diarize_result
@@ -389,7 +392,12 @@ def build_parser() -> ArgumentParser:
                    help="--live: no VAD; one endless line")
     p.add_argument("--latency-ms", "--delay-ms", dest="latency_ms", type=int, default=None,
                    help="streaming latency (default: the model's): Voxtral takes a multiple of "
-                        "80 ms, Nemotron 80, 160, 560 or 1120 (--delay-ms is its older name)")
+                        "80 ms, Nemotron 80, 160, 560 or 1120, Nemotron 3.5 also 320 "
+                        "(--delay-ms is its older name)")
+    p.add_argument("--language", default=None,
+                   help="the spoken language, for models that take one (Nemotron 3.5: a locale "
+                        "such as de-DE, a code such as de, or auto, its default: it detects "
+                        "the language and json output reports it)")
     hotwords.add_arguments(p)
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
@@ -470,9 +478,12 @@ def _run(args) -> None:
         args.diarizer_model = load_diarizer(args.diarizer)
     import mlx_speech
 
+    # --language is the sessions' default language, checked against the checkpoint's before its
+    # weights load (a model that takes none refuses the option)
+    language = {} if args.language is None else {"language": args.language}
     model = mlx_speech.load(args.model, kind="asr", log=log,
                             check=lambda t: check_latency(t, args.latency_ms),
-                            **quantize_kwargs(args), **window_kwargs(args))
+                            **quantize_kwargs(args), **window_kwargs(args), **language)
     from .registry import check_loaded
 
     check_loaded(args.model, model, "asr")

@@ -34,6 +34,9 @@ class Transcript:
     token_times: list[float] = field(default_factory=list)  # start (s) of each token
     # the model's log-probability of each token (sessions made with logprobs=True), else None
     logprobs: list[float] | None = None
+    # the spoken language: what the model detected (its last language tag), else the language
+    # the session was given; None when the model does not tell
+    language: str | None = None
 
 
 DRAIN_HOLD_MAX = 256  # tokens `drain` may hold back for a word that could still grow

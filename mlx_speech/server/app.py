@@ -9,7 +9,6 @@ import io
 import json
 import re
 import secrets
-import threading
 import time
 
 import numpy as np
@@ -20,10 +19,11 @@ from starlette.datastructures import UploadFile
 from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
-from .jobs import AsrStream, BufferFull, SpeechJob, Steps
+from .jobs import AsrStream, BufferFull, Steps
 from .limits import RETRY_AFTER_S, Limits, session_budget, while_connected
 from .models import ModelUnavailable
 from .security import Defences
+from .speech import NO_AUDIO, OpusChunks, SpeechJob
 from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
@@ -302,6 +302,7 @@ def create_app(served: Served) -> FastAPI:
     # -- POST /v1/audio/speech -------------------------------------------------------
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
+        t_request = time.perf_counter()  # its time to first audio starts here
         need_engine()
         try:
             body = await request.json()
@@ -348,37 +349,47 @@ def create_app(served: Served) -> FastAPI:
         streaming = stream_format == "sse" or fmt in ("pcm", "opus") or (fmt == "wav" and stream)
         chunking = ({"first_frames": 4, "chunk_frames": 4} if streaming
                     else {"first_frames": 128, "chunk_frames": 128})
+        # one speech session, stepped a frame per engine tick with every other speech job of
+        # this model (one batched forward): exactly `stream()`'s audio for this text
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        gone = threading.Event()  # the client left: generation stops before the next frame
         lease = await served.acquire(name, "tts")  # loaded first, when it is not
         try:  # held until its job is submitted: the engine's job then keeps it loaded
             model = lease.model
             if voice is not None and voice not in model.voices:
                 raise _http_error(400, f"unknown voice {voice!r}; voices: "
                                   f"{', '.join(model.voices) or 'none'}", param="voice")
-            job = served.engine.submit(SpeechJob(
-                lambda: model.stream(text, voice=voice, seed=seed, max_frames=max_frames,
-                                     should_stop=gone.is_set, **chunking),
-                AsyncSink(q, loop), model))
+            job = served.engine.submit(SpeechJob(model, lambda: model.session(
+                voice=voice, seed=seed, max_frames=max_frames, text=text, **chunking),
+                AsyncSink(q, loop)))
         finally:
             lease.release()
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
-        if stream_format == "sse":
-            return StreamingResponse(_sse_speech(q, job), media_type="text/event-stream",
-                                     headers=headers)
-        if streaming:
-            return StreamingResponse(_stream_speech(q, job, fmt, sr),
+        if streaming:  # the status line waits for the first audio (its time is a header)
+            try:  # the client gone: the job is closed, the engine drops it at its next tick
+                first = await while_connected(request, _first_speech(q))
+            except BaseException:
+                job.close()
+                raise
+            if first is None:
+                job.close()
+                return Response(status_code=499)
+            headers[TTFA_HEADER] = _ms_since(t_request)
+            events = _speech_events(first, q)
+            if stream_format == "sse":
+                return StreamingResponse(_sse_speech(events, job),
+                                         media_type="text/event-stream", headers=headers)
+            return StreamingResponse(_stream_speech(events, job, fmt, sr),
                                      media_type=SPEECH_FORMATS[fmt], headers=headers)
-        try:  # the client gone: the job is closed, the engine drops it at its next step
-            chunks = await while_connected(request, _collect_speech(q))
+        try:  # the client gone: the job is closed, the engine drops it at its next tick
+            got = await while_connected(request, _collect_speech(q, t_request))
         finally:
-            gone.set()
             job.close()
-        if chunks is None:
+        if got is None:
             return Response(status_code=499)
-        samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        chunks, headers[TTFA_HEADER] = got
+        samples = np.concatenate(chunks)
         data = await asyncio.to_thread(
             lambda: wav_bytes(samples, sr) if fmt == "wav" else encode_audio(samples, sr, fmt))
         return Response(data, media_type=SPEECH_FORMATS[fmt], headers=headers)
@@ -386,8 +397,10 @@ def create_app(served: Served) -> FastAPI:
     from .kyutai import add_routes as add_kyutai
     from .page import add_routes as add_page
     from .realtime import add_routes as add_realtime
+    from .speech_stream import add_routes as add_speech_stream
 
     add_realtime(app, served)
+    add_speech_stream(app, served)
     add_kyutai(app, served)
     add_page(app)
     app.add_middleware(Limits, max_per_ip=served.max_per_ip, max_sessions=lambda: (
@@ -438,16 +451,47 @@ def _decode_audio(data: bytes, rate: int, filename: str | None = None) -> np.nda
     return resample(x, sr, rate) if sr != rate else x
 
 
-async def _collect_speech(q: asyncio.Queue) -> list:
-    chunks = []
+TTFA_HEADER = "x-time-to-first-audio-ms"  # from the request to its first audio, on the server
+
+
+def _ms_since(t0: float) -> str:
+    return f"{1e3 * (time.perf_counter() - t0):.1f}"
+
+
+def _speech_failed(ev) -> HTTPException:
+    """A speech job's ("error", code, message), or a ("done", info) without a frame."""
+    if ev[0] == "done":
+        return _http_error(500, NO_AUDIO, "no_audio")
+    status = 400 if ev[1] == "invalid_request" else 500
+    return _http_error(status, f"speech generation failed: {ev[2]}", ev[1])
+
+
+async def _first_speech(q: asyncio.Queue):
+    """The job's first audio event (an HTTP error when it fails or says nothing first)."""
+    ev = await q.get()
+    if ev[0] != "audio":
+        raise _speech_failed(ev)
+    return ev
+
+
+async def _speech_events(first, q: asyncio.Queue):
+    yield first
+    while True:
+        yield await q.get()
+
+
+async def _collect_speech(q: asyncio.Queue, t_request: float) -> tuple[list, str]:
+    """Every audio chunk of the job, and its time to first audio (ms, as the header says)."""
+    chunks, ttfa = [], ""
     while True:
         ev = await q.get()
         if ev[0] == "audio":
+            ttfa = ttfa or _ms_since(t_request)
             chunks.append(ev[1])
-        elif ev[0] == "done":
-            return chunks
+        elif ev[0] == "done" and ev[1]["frames"]:
+            return chunks, ttfa
         else:
-            raise _http_error(500, f"speech generation failed: {ev[2]}", ev[1])
+            raise _speech_failed(ev)
 
 
 async def _await_done(q: asyncio.Queue):
@@ -587,34 +631,21 @@ def wav_bytes(samples: np.ndarray, sr: int) -> bytes:
     return _wav_header(sr, len(samples)) + _pcm16(samples)
 
 
-async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):
+async def _stream_speech(events, job, fmt: str, sr: int):
     """Bytes as frames are decoded: pcm and wav chunk by chunk, opus as an Ogg stream."""
-    opus = None
+    opus = OpusChunks(sr) if fmt == "opus" else None
     if fmt == "wav":
         yield _wav_header(sr)
-    elif fmt == "opus":
-        import sphn
-
-        opus = sphn.OpusStreamWriter(sr)
-    pending = np.zeros(0, np.float32)
     try:
-        while True:
-            ev = await q.get()
+        async for ev in events:
             if ev[0] == "audio":
-                if fmt in ("pcm", "wav"):
+                if opus is None:
                     yield _pcm16(ev[1])
-                elif opus is not None:
-                    pending = np.concatenate([pending, ev[1]])
-                    n = len(pending) // 960 * 960
-                    out = await asyncio.to_thread(_opus_frames, opus, pending[:n])
-                    pending = pending[n:]
-                    if out:
-                        yield out
+                elif out := await asyncio.to_thread(opus.push, ev[1]):
+                    yield out
             elif ev[0] == "done":
-                if opus is not None and len(pending):
-                    out = opus.append_pcm(np.pad(pending, (0, 960 - len(pending))))
-                    if out:
-                        yield out
+                if opus is not None and (out := opus.finish()):
+                    yield out
                 return
             else:
                 return  # the status line is gone: end the body early
@@ -622,17 +653,11 @@ async def _stream_speech(q: asyncio.Queue, job, fmt: str, sr: int):
         job.close()
 
 
-def _opus_frames(opus, x: np.ndarray) -> bytes:
-    """Whole 20 ms frames through an Opus stream writer (a worker thread's job)."""
-    return b"".join(opus.append_pcm(x[i:i + 960]) for i in range(0, len(x), 960))
-
-
-async def _sse_speech(q: asyncio.Queue, job):
+async def _sse_speech(events, job):
     """speech.audio.delta events carry base64 16-bit little-endian mono PCM at 24 kHz."""
     n = 0
     try:
-        while True:
-            ev = await q.get()
+        async for ev in events:
             if ev[0] == "audio":
                 n += len(ev[1])
                 yield _sse({"type": "speech.audio.delta",

@@ -9,9 +9,10 @@ the order of their `phase` (turn streams first: they open, feed and end the tran
 streams the same tick then steps). Results go back through each job's `sink` (thread-safe:
 the server's hands them to the event loop); a failed job gets ("error", code, message).
 
-The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex), `SpeechJob` and
-`Steps` (work advanced one step per tick); `TurnStream` (server/turns.py). A new kind is one
-class: its events, `start` if it needs a session, and `step_many`.
+The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex) and `Steps` (work
+advanced one step per tick); `TurnStream` (server/turns.py), `SpeechJob` (server/speech.py: the
+speech of one TTS model, a frame per tick, batched). A new kind is one class: its events,
+`start` if it needs a session, and `step_many`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,25 @@ class Input:
                 got += len(c)
             self.pending -= got
         return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def batched_calls(engine, items: list, call: Callable[[list], list], what: str,
+                  job_of: Callable | None = None, count: bool = True) -> Iterator[tuple]:
+    """Each of `engine.batches(items)` through one model `call`, counted in
+    `engine.batch_sizes` when `count`: yields (batch, its results). A call that raises fails
+    every job of its batch (`job_of(item)`, default the item itself) and is logged once."""
+    for b in engine.batches(items):
+        if count:
+            engine.batch_sizes[len(b)] += 1
+        try:
+            results = call(b)
+        except Exception as e:
+            log.exception("%s failed", what)
+            for item in b:
+                (item if job_of is None else job_of(item)).fail(
+                    "processing_error", f"model step failed: {e}")
+            continue
+        yield b, results
 
 
 class Job:
@@ -172,27 +192,16 @@ class ModelStream(AudioJob):
             n = s.input.pending
             if n >= s.frame or (s.end_requested and n):
                 ready.append((s, s.input.take(min(n, cap))))
-        for b in engine.batches(ready):
-            engine.batch_sizes[len(b)] += 1
-            try:
-                results = model.feed_many([(s.session, x) for s, x in b])
-            except Exception as e:
-                log.exception("feed_many failed")
-                for s, _ in b:
-                    s.fail("processing_error", f"model step failed: {e}")
-                continue
+        for b, results in batched_calls(
+                engine, ready, lambda b: model.feed_many([(s.session, x) for s, x in b]),
+                "feed_many", job_of=lambda item: item[0]):
             for (s, _), r in zip(b, results, strict=True):
                 s.fed(r)
         ending = [s for s in jobs if s.end_requested and not s.input.pending
                   and not s.finished and not s.closed]
-        for b in engine.batches(ending):
-            try:
-                results = model.finish_many([s.session for s in b])
-            except Exception as e:
-                log.exception("finish_many failed")
-                for s in b:
-                    s.fail("processing_error", f"model step failed: {e}")
-                continue
+        for b, results in batched_calls(
+                engine, ending, lambda b: model.finish_many([s.session for s in b]),
+                "finish_many", count=False):
             for s, r in zip(b, results, strict=True):
                 s.finished = True
                 s.done(r)
@@ -307,11 +316,3 @@ class Steps(Job):
             self.fail("processing_error", str(e))
             return
         self.emit(self.event(value))
-
-
-class SpeechJob(Steps):
-    """A text-to-speech request: `make()` returns an iterator of Audio chunks, advanced one
-    chunk per tick; ("audio", samples) events, then ("done",) or ("error", code, message)."""
-
-    def event(self, chunk) -> Event:
-        return ("audio", chunk.samples)

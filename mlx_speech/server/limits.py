@@ -1,8 +1,8 @@
 """Limits with polite refusals, work that stops with its client, and a shutdown that exits.
 
-- `Limits`: concurrent sessions (realtime + chat WebSockets) and connections per client IP.
-  Past a limit a WebSocket is accepted and closed with 1013 (try again later) and a reason,
-  an HTTP request answered 503 with `Retry-After`.
+- `Limits`: concurrent sessions (realtime, chat and speech-stream WebSockets) and connections
+  per client IP. Past a limit a WebSocket is accepted and closed with 1013 (try again later)
+  and a reason, an HTTP request answered 503 with `Retry-After`.
 - `HeaderTimeoutH11`: uvicorn's h11 protocol with a deadline on each request's headers (a
   client that sends them a byte at a time is cut; uvicorn itself waits forever).
 - `while_connected`: a non-streamed request's wait, cancelled when its client leaves.
@@ -21,7 +21,7 @@ import os
 
 log = logging.getLogger("mlx_speech.server")
 
-SESSION_PATHS = ("/v1/realtime", "/api/chat")
+SESSION_PATHS = ("/v1/realtime", "/api/chat", "/v1/audio/speech/stream")
 RETRY_AFTER_S = 5
 DEFAULT_MAX_PER_IP = 32
 HEADER_TIMEOUT_S = 10.0

@@ -87,6 +87,24 @@ class Lease:
             self._store._release(self._entry)
 
 
+async def acquire_told(models: Models, model_id: str, tell: Callable[[dict], None]) -> Lease:
+    """`models.acquire(model_id)` for a WebSocket client, who is told `{"type":
+    "model.loading", "model": ID}` when the model must be loaded, then `{"type":
+    "model.loaded", "model": ID, "seconds": S}`; ModelUnavailable as `acquire`."""
+    t0 = time.perf_counter()
+    waited = []
+
+    def loading(entry) -> None:
+        waited.append(True)
+        tell({"type": "model.loading", "model": model_id})
+
+    lease = await models.acquire(model_id, loading)
+    if waited:
+        tell({"type": "model.loaded", "model": model_id,
+              "seconds": round(time.perf_counter() - t0, 3)})
+    return lease
+
+
 class ModelLoad(Job):
     """Loading one model on the engine thread (`start`): its waiters hear through the
     entry's future. Live streams of other models pause while it runs (one thread owns MLX)."""

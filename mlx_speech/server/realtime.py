@@ -33,7 +33,7 @@ from ..audio.resample import StreamingResampler
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
 from .jobs import AsrStream, BufferFull
-from .models import ModelUnavailable
+from .models import ModelUnavailable, acquire_told
 from .turns import TurnStream
 from .validate import Invalid, append_samples, realtime_event, vocabulary
 from .vocabulary import (
@@ -99,22 +99,12 @@ class _Connection:
         `model.loaded` events. None, after an error event, when it cannot be had."""
         if self.lease is not None and self.lease.id == model_id:
             return self.lease
-        t0 = time.perf_counter()
-        waited = []
-
-        def loading(entry) -> None:
-            waited.append(True)
-            self.send(self.model_event({"type": "model.loading", "model": model_id}))
-
         try:
-            lease = await self.served.models.acquire(model_id, loading)
+            return await acquire_told(self.served.models, model_id,
+                                      lambda ev: self.send(self.model_event(ev)))
         except ModelUnavailable as e:
             self.error(e.code, str(e))
             return None
-        if waited:
-            self.send(self.model_event({"type": "model.loaded", "model": model_id,
-                                        "seconds": round(time.perf_counter() - t0, 3)}))
-        return lease
 
     def keep(self, lease) -> None:
         """Make `lease`'s model this connection's (the one held before is let go)."""

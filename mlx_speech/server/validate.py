@@ -14,6 +14,7 @@ is never taken for an int or a number, and a list or object is never taken for a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 from ..errors import MlxSpeechError
@@ -207,6 +208,47 @@ def append_samples(b64: str) -> int:
     """The number of pcm16 samples a base64 append carries (an upper bound, without
     decoding it): for refusing an oversize append before any work is done on it."""
     return len(b64) * 3 // 8
+
+
+# ---------------------------------------------------------------- speech, text streamed in
+
+MAX_DELTA_CHARS = 4096  # one input_text.append
+MAX_GENERATION_CHARS = 65536  # one generation's text (appends up to its flush)
+MAX_PENDING_CHARS = 16384  # text given and not started yet: past it, an append is refused
+MAX_CLAUSE_WORDS = 400
+MAX_MESSAGE_CHARS = 1 << 16  # a whole message (a delta's 4096 characters, JSON-escaped, fit)
+SPEECH_STREAM_FORMATS = ("pcm", "opus")
+
+
+@functools.lru_cache(maxsize=4)
+def _speech_stream_events(max_frames_cap: int) -> dict[str, Check]:
+    session = obj({
+        "model": _name, "voice": _name, "seed": nullable(integer(0, SEED_MAX)),
+        "response_format": nullable(string(SPEECH_STREAM_FORMATS)),
+        "clause_words": nullable(integer(1, MAX_CLAUSE_WORDS)),
+        "max_frames": nullable(integer(1, max_frames_cap)),
+    })
+    bare = obj({"event_id": _event_id})
+    return {
+        "session.update": obj({"event_id": _event_id, "session": session},
+                              required=("session",)),
+        "input_text.append": obj({"event_id": _event_id,
+                                  "text": string(max_len=MAX_DELTA_CHARS)}, required=("text",)),
+        "input_text.flush": bare, "input_text.end": bare, "speech.cancel": bare,
+    }
+
+
+def speech_stream_event(event: dict, max_frames_cap: int) -> bool:
+    """Check one client event of WS /v1/audio/speech/stream; False for an unknown type."""
+    t = event.get("type")
+    if not isinstance(t, str):
+        raise Invalid("type", f"type must be a string, got {_type_name(t)}")
+    _event_id(event.get("event_id"), "event_id")
+    schema = _speech_stream_events(max_frames_cap).get(t)
+    if schema is None:
+        return False
+    schema(event, "")
+    return True
 
 
 # ---------------------------------------------------------------- the vocabulary

@@ -190,6 +190,13 @@ class SentencePieceDecoder:
     def token_bytes(self, i: int) -> bytes:
         return self._bytes[i] if 0 <= i < len(self._bytes) else b""
 
+    def hide(self, ids) -> None:
+        """Make pieces `ids` control pieces: they print nothing (a model's markup, such as a
+        language tag, that must never reach text)."""
+        for i in ids:
+            self.pieces[i] = (self.pieces[i][0], CONTROL)
+            self._bytes[i] = b""
+
     def is_unknown(self, i: int) -> bool:
         return self.kind(i) == UNKNOWN
 

@@ -295,3 +295,40 @@ def test_a_bad_option_is_one_line(capsys, main, argv):
     assert e.value.code == 2
     line = one_error(capsys)
     assert line.endswith("--help)") and "usage:" not in line
+
+
+# -- languages (Nemotron 3.5), from the checkpoint's configs ------------------------------------
+N35 = GOLDEN / "nemotron35"
+
+
+def test_language_is_checked_against_the_checkpoint(no_load, capsys, wav):
+    for model in (N35 / "tiny.nemo", N35 / "hf"):
+        assert transcribe.main([str(wav), "--model", str(model), "--language", "xx"]) == 1
+        assert one_error(capsys) == ("error: unknown language 'xx'; this model takes auto, de, "
+                                     "de-DE, en, en-US, es, es-ES, fr, fr-FR")
+    assert transcribe.main([str(wav), "--model", str(NEMOTRON), "--language", "de"]) == 1
+    assert one_error(capsys) == ("error: this model is English only and takes no language "
+                                 "(got 'de')")
+    assert transcribe.main([str(wav), "--model", str(N35 / "hf"), "--latency-ms", "240"]) == 1
+    assert one_error(capsys) == ("error: Nemotron 3.5's latency is one of 80, 160, 320, 560, "
+                                 "1120 ms, got 240")
+
+
+def test_a_hub_language_is_refused_before_its_weights_download(monkeypatch, capsys, wav,
+                                                               tmp_path):
+    import mlx_speech.hub as hub
+
+    configs = tmp_path / "snap"
+    configs.mkdir()
+    for name in ("config.json", "processor_config.json"):
+        shutil.copy(N35 / "hf" / name, configs / name)
+    asked = []
+
+    def download(repo, patterns, tqdm_class=None):
+        asked.append(patterns)
+        return configs
+
+    monkeypatch.setattr(hub, "_download", download)
+    assert transcribe.main([str(wav), "--model", "acme/n35", "--language", "klingon"]) == 1
+    assert one_error(capsys).startswith("error: unknown language 'klingon'; this model takes")
+    assert asked == [hub.CONFIG_FILES]

@@ -124,6 +124,28 @@ def test_nemotron_feed_many_joining_and_leaving(nm, kernels):
         assert s.token_ids == nm.transcribe(x, latency_ms=160).token_ids
 
 
+@pytest.fixture(scope="module")
+def n35():
+    return load_nemotron(NEMOTRON.parent / "nemotron35" / "tiny.nemo")
+
+
+@pytest.mark.parametrize("sizes", [[1], [17], [1279, 3, 0, 5000]])
+def test_nemotron35_languages_in_one_batch(n35, kernels, sizes):
+    """Nemotron 3.5's language prompt (a one-hot per row joined to the frames) in ragged
+    batched ticks: sessions of different languages, `auto` among them, 320 ms blocks."""
+    x = speechlike(1.1, seed=7)
+    langs = ["auto", "de", "fr-FR"]
+    sessions = [n35.session(320, language=lang) for lang in langs]
+    chunks = list(_chunks(x, sizes, 400 if sizes == [1] else None))
+    for c in chunks:
+        n35.feed_many([(s, c) for s in sessions])
+    n35.finish_many(sessions)
+    kernels.strict = False
+    if sizes != [1]:
+        for s, lang in zip(sessions, langs, strict=True):
+            assert s.token_ids == n35.transcribe(x, latency_ms=320, language=lang).token_ids
+
+
 # -- Voxtral Realtime ------------------------------------------------------------------
 
 @pytest.mark.parametrize("sizes", RAGGED)

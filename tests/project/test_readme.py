@@ -57,6 +57,7 @@ tomllib = pytest.importorskip("tomllib")
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 REPOS = {  # the hub ids the README's commands name -> the tiny checkpoint put in their place
     "nvidia/nemotron-speech-streaming-en-0.6b": "nemotron",
+    "nvidia/nemotron-3.5-asr-streaming-0.6b": "nemotron35",  # its transformers layout
     "mistralai/Voxtral-Mini-4B-Realtime-2602": "voxtral_realtime",
     "mistralai/Voxtral-4B-TTS-2603": "voxtral_tts",
     "kyutai/moshiko-pytorch-bf16": "moshi",
@@ -135,7 +136,8 @@ def place(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
     hub, work = root / "hub", root / "work"
     work.mkdir()
-    tiny = {"nemotron": GOLDEN / "nemotron", "voxtral_tts": GOLDEN / "voxtral_tts" / "ckpt",
+    tiny = {"nemotron": GOLDEN / "nemotron", "nemotron35": GOLDEN / "nemotron35" / "hf",
+            "voxtral_tts": GOLDEN / "voxtral_tts" / "ckpt",
             "voxtral_realtime": make_voxtral_checkpoint(root / "vr"),
             "moshi": tiny_kyutai_moshi(root / "ky")}
     for repo, name in REPOS.items():
@@ -144,6 +146,10 @@ def place(tmp_path_factory):
     for name in ("meeting.wav", "talk.wav", "talk.mp3"):
         sf.write(work / name, x, 16000)
     sf.write(work / "question.wav", speechlike(0.5)[::2].repeat(3), 24000)
+    import numpy as np  # the clip the tiny Nemotron 3.5 reads (German with `de`)
+
+    sf.write(work / "rede.wav", np.load(GOLDEN / "nemotron35" / "golden.npz")["audio"], 16000,
+             subtype="PCM_16")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub), HF_HOME=str(root / "hf_home"),
                PYTHONPATH=str(ROOT))
@@ -169,6 +175,10 @@ def run(command: str, place, extra: list[str] = ()) -> subprocess.CompletedProce
 
 def _transcript(r, place):
     assert r.stdout.strip()
+
+
+def _german(r, place):
+    assert r.stdout.startswith("Guten Morgen")
 
 
 def _srt(r, place):  # the tiny Voxtral's text is often empty: an empty subtitle file then
@@ -249,6 +259,8 @@ RUNS = {
     "mlx_speech.transcribe talk.wav --model vr-4bit": (None, _after_convert),
     "mlx_speech.transcribe talk.wav --hotwords Kubernetes,LinTO --model "
     "nvidia/nemotron-speech-streaming-en-0.6b": (_transcript, None),
+    "mlx_speech.transcribe rede.wav --language de --model "
+    "nvidia/nemotron-3.5-asr-streaming-0.6b": (_german, None),
     "mlx_speech.server --model nvidia/nemotron-speech-streaming-en-0.6b --model "
     "mistralai/Voxtral-4B-TTS-2603": (None, None),
     "mlx_speech doctor": (None, _doctor),

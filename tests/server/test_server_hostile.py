@@ -624,7 +624,7 @@ def test_8_health_key_sources_and_refusals_that_say_why(models, monkeypatch, tmp
 
     def key_of(argv):
         seen.clear()
-        assert srv_mod.main(["--model", "m", "--no-vad", *argv]) == 0
+        assert srv_mod.main(["--model", "m", "--no-vad", "--port", "0", *argv]) == 0
         return seen["app"].state.served.api_key
 
     assert key_of(["--api-key-file", str(f)]) == "from-file"

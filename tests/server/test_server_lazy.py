@@ -224,3 +224,33 @@ def test_a_slow_load_is_a_bounded_wait_and_a_failed_one_an_error(monkeypatch, nm
         r = transcribe(srv, nm, x)
         assert r.status_code == 200 and r.json()["text"] == nm_ref.transcribe(x).text
         assert len(calls) == 2  # one load for the waiters, none for the loaded model
+
+
+def test_the_speech_socket_hears_its_model_load_and_speaks_as_the_library():
+    """WS /v1/audio/speech/stream with the only TTS model not loaded yet: the socket holds
+    it as it opens (`model.loading`, `model.loaded`), then speaks exactly `stream_text`."""
+    from mlx_speech.server.common import pcm16_bytes
+    from tests.support.voxtral import joined
+
+    s = Models.locate([str(TTS)])
+    (tts,) = ids(s)[:1]
+    ref = mlx_speech.load(TTS)
+    want = joined(ref.stream_text("Hello there.", voice="casual_male", seed=3, max_frames=8,
+                                  first_frames=4, chunk_frames=4))
+    with ServerThread(s) as srv:
+        async def talk():
+            async with websockets.connect(srv.ws + "/v1/audio/speech/stream") as ws:
+                kinds = [json.loads(await ws.recv())["type"] for _ in range(3)]
+                await ws.send(json.dumps({"type": "session.update", "session": {
+                    "voice": "casual_male", "seed": 3, "max_frames": 8}}))
+                await ws.send(json.dumps({"type": "input_text.append", "text": "Hello there."}))
+                await ws.send(json.dumps({"type": "input_text.end"}))
+                pcm = b""
+                while (ev := json.loads(await ws.recv()))["type"] != "speech.audio.done":
+                    if ev["type"] == "speech.audio.delta":
+                        pcm += base64.b64decode(ev["audio"])
+                return kinds, pcm
+
+        kinds, pcm = run(talk())
+    assert kinds == ["session.created", "model.loading", "model.loaded"]
+    assert pcm == pcm16_bytes(want) and s.entries[tts].loads == 1

@@ -74,7 +74,8 @@ class Taps:
         self.asr: list[dict] = []
         self.duplex: list[dict] = []
         self.speech: list[dict] = []
-        from mlx_speech.server.jobs import AsrStream, Conversation, SpeechJob
+        from mlx_speech.server.jobs import AsrStream, Conversation
+        from mlx_speech.server.speech import SpeechJob
 
         submit = engine.submit
 

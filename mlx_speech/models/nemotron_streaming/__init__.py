@@ -1,4 +1,5 @@
-"""NVIDIA Nemotron speech streaming (en 0.6b): cache-aware FastConformer + RNN-T."""
+"""NVIDIA Nemotron speech streaming: cache-aware FastConformer + RNN-T (en 0.6b; Nemotron 3.5,
+multilingual with a language prompt, is the same model plus `prompt.py`: see multilingual.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ...converted import is_converted
-from ...errors import CheckpointError
+from ...errors import CheckpointError, MlxSpeechError
 from ...hub import load_safetensors, read_json
 from ...nn import quant
 from ...text.spm import SentencePieceDecoder
@@ -20,7 +21,9 @@ from ..base import Latency, parameter_bytes
 from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .features import NemoLogMel
-from .nemo import hf_config, read_nemo
+from .languages import Languages, check_language
+from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
+from .nemo import read_archive, read_nemo
 from .session import Session, Transcript
 from .transducer import Model
 from .weights import is_nemo_mlx, remap, remap_nemo_mlx
@@ -29,7 +32,9 @@ __all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word",
            "keep_high_precision", "load", "weight_patterns"]
 
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
-            "tokenizer.json", "tokenizer.model"]
+            "tokenizer.json", "tokenizer.model", "processor_config.json"]
+MODEL_TYPES = ("nemotron_asr_streaming", "nemotron3_5_asr")  # English seed; Nemotron 3.5
+# (and mlx-audio's `nemotron_asr` layout of either, read through layouts.py)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
@@ -49,15 +54,38 @@ class NemotronStreaming(StreamingASR):
     latency = Latency("Nemotron's latency", 1120, {"minimal": 80, "low": 160, "medium": 560,
                                                    "high": 1120, "xhigh": 1120},
                       choices_ms=tuple(sorted(LATENCY_MS)))
+    languages: tuple[str, ...] | None = None  # what `language=` takes; None: none (English)
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
-                 config: NemotronStreamingConfig):
+                 config: NemotronStreamingConfig, language: str | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.features = NemoLogMel(config.encoder.num_mel_bins)
         default = (config.encoder.default_right_context + 1) * FRAME_MS
         if default in self.latency.choices_ms:
             self.latency = replace(self.latency, default_ms=default)
         self._calls = 0  # batched encoder calls, for periodic mx.clear_cache
+        self.languages_info: Languages | None = None
+        self.language_tags: dict[int, str] = {}  # token id -> the locale of its tag
+        if config.num_prompts:
+            info = Languages.build(config.prompts, config.default_prompt,
+                                   [p for p, _ in tokenizer.pieces])
+            tokenizer.hide(info.tags)  # tags stay in token_ids, never in text
+            if language is not None:  # the load's default language for sessions
+                info = Languages(info.prompts, info.resolve(language)[0], info.tags)
+            self.languages_info, self.language_tags = info, info.tags
+            self.languages = info.names
+        elif language is not None:
+            self.resolve_language(language)
+
+    def resolve_language(self, language: str | None) -> tuple[str | None, int | None]:
+        """A session's `language` -> (the checkpoint's name for it, its prompt slot); None:
+        the model's default. (None, None) for a model without languages, which refuses any."""
+        if self.languages_info is None:
+            if language is None:
+                return None, None
+            raise MlxSpeechError(f"this {self.name} model is English only and takes no "
+                                 f"language (got {language!r})")
+        return self.languages_info.resolve(language)
 
     @property
     def sample_rate(self) -> int:
@@ -67,15 +95,19 @@ class NemotronStreaming(StreamingASR):
         return parameter_bytes([self.model])
 
     def session(self, latency_ms: int | None = None, hotwords=None,
-                boost: float = DEFAULT_BOOST, logprobs: bool = False) -> Session:
+                boost: float = DEFAULT_BOOST, logprobs: bool = False,
+                language: str | None = None) -> Session:
         """A streaming session: `feed(samples) -> str`, `finish() -> str`.
 
-        `latency_ms` is one of 80, 160, 560, 1120 (None: the model's default, 1120).
+        `latency_ms` is one of 80, 160, 560, 1120 (Nemotron 3.5 also 320; None: the model's
+        default, 1120). `language` (Nemotron 3.5): a name of `languages` (`de-DE`, `de`, ...;
+        case and `_` do not matter) or `auto` (the model detects it: `result().language`); None:
+        the model's default (`auto` in the release).
         `hotwords`: phrases to boost (a list, or one comma-separated string) with weight
         `boost` (NeMo's GPU-PB word boosting in greedy decoding; 0: off). `logprobs`: keep
         each token's log-probability (`result().logprobs`, `lp.take()`).
         """
-        return Session(self, latency_ms, hotwords, boost, logprobs)
+        return Session(self, latency_ms, hotwords, boost, logprobs, language)
 
     def booster(self, hotwords, boost: float = DEFAULT_BOOST):
         """A phrase-boosting walk over the phrases' SentencePiece ids at a word start."""
@@ -102,13 +134,13 @@ class NemotronStreaming(StreamingASR):
                    latency_ms: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
                    hotwords=None, boost: float = DEFAULT_BOOST,
-                   logprobs: bool = False) -> Transcript:
+                   logprobs: bool = False, language: str | None = None) -> Transcript:
         """Transcribe a float32 mono array (at `sample_rate`) or an audio file.
 
-        The same tokens as a live session in the same latency mode, any chunking.
+        The same tokens as a live session in the same latency mode and language, any chunking.
         """
-        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs), audio,
-                               sample_rate, progress)
+        return transcribe_with(self.session(latency_ms, hotwords, boost, logprobs, language),
+                               audio, sample_rate, progress)
 
 
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
@@ -125,6 +157,34 @@ def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
+def check_options(configs: Path, language: str | None = None, **_) -> None:
+    """`language` against the checkpoint's languages, from its configs alone (a `.nemo`'s
+    model_config.yaml; a folder's config.json and processor_config.json): a one-line error
+    before any weights are read or downloaded."""
+    if language is None:
+        return
+    configs = Path(configs)
+    if configs.is_file():
+        c = nemo_config_json(read_archive(configs, False, False)[0])
+    elif (configs / "config.json").exists():
+        c = folder_config(configs)
+    else:
+        return  # no config yet: load() reports it
+    check_language(c, language)
+
+
+def folder_config(folder: Path) -> dict:
+    """A folder's config.json as ours: mlx-audio's `nemotron_asr` layout translated, a
+    transformers Nemotron 3.5's languages joined from processor_config.json."""
+    c = read_json(folder / "config.json")
+    if c.get("model_type") == "nemotron_asr":  # mlx-audio: NeMo sections, NeMo-named weights
+        c = mlx_audio_config_json(c)
+    if c.get("model_type") not in MODEL_TYPES:
+        raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, "
+                              "not nemotron_asr_streaming")
+    return with_folder_prompts(folder, c)
+
+
 def keep_high_precision(path: str, module) -> bool:
     """What on-the-fly quantization leaves in full precision besides the convolutions, the
     LSTM and the norms (which are not Linear layers): the 1x1 convolutions that this port runs
@@ -136,27 +196,27 @@ def keep_high_precision(path: str, module) -> bool:
 
 
 def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None = None,
-         group_size: int = 64) -> NemotronStreaming:
+         group_size: int = 64, language: str | None = None) -> NemotronStreaming:
     """Load strictly (every key mapped, none missing), lazily (weights memory-mapped).
 
     `path` is a transformers-layout folder (config.json, model*.safetensors,
-    tokenizer.json or tokenizer.model) or a NeMo `.nemo` archive. Quantized Linears /
-    embeddings in the file load as they are; `quantize` (4, 6 or 8 bits, group `group_size`)
-    quantizes a full-precision checkpoint on the fly, keeping `keep_high_precision`.
+    tokenizer.json or tokenizer.model; Nemotron 3.5 also processor_config.json, its languages)
+    or a NeMo `.nemo` archive. Quantized Linears / embeddings in the file load as they are;
+    `quantize` (4, 6 or 8 bits, group `group_size`) quantizes a full-precision checkpoint on
+    the fly, keeping `keep_high_precision`. `language`: the sessions' default language
+    (Nemotron 3.5), checked against the checkpoint's languages before any weights are read.
     """
     path = Path(path)
     converted = False
+    check_options(path, language)  # before any weights are read
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
-        c = hf_config(nemo_config)
+        c = nemo_config_json(nemo_config)
         tokenizer = SentencePieceDecoder.from_model_bytes(tok)
     else:
         if not (path / "config.json").exists():
             raise CheckpointError(f"{path} has no config.json")
-        c = read_json(path / "config.json")
-        if c.get("model_type") != "nemotron_asr_streaming":
-            raise CheckpointError(f"{path} holds a {c.get('model_type')!r} model, "
-                                  "not nemotron_asr_streaming")
+        c = folder_config(path)
         files = sorted(path.glob("model*.safetensors"))
         if not files:
             raise CheckpointError(f"no safetensors weights in {path}")
@@ -176,4 +236,8 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
         weights = remap(weights, set(params))
     load_strict(model, weights, path, dtype, quantize, group_size, keep_high_precision,
                 declared)
-    return NemotronStreaming(model, tokenizer, config)
+    if config.num_prompts:
+        from .multilingual import Nemotron35Streaming
+
+        return Nemotron35Streaming(model, tokenizer, config, language)
+    return NemotronStreaming(model, tokenizer, config, language)

@@ -210,7 +210,7 @@ def _step(owner: NemotronStreaming, group: list[Session], mels: list[np.ndarray]
         chunk = mx.array(np.stack(mels + [mels[0]] * pad)).astype(m.dtype)
     x = m.encoder(chunk, state=st, final=final)
     if x is not None:
-        x = m.encoder_projector(x)
+        x = m.project(x, [s.prompt for s in group] + [group[0].prompt] * pad)
     mx.eval(x, st.arrays())
     _split_encoder(st, [s.enc_state for s in group], offset)
     if x is None:

@@ -61,6 +61,12 @@ class NemotronStreamingConfig:
     num_decoder_layers: int = 2
     max_symbols: int = 10
     supported_right_contexts: tuple[int, ...] = (13, 6, 1, 0)
+    # the language-ID prompt (Nemotron 3.5): a one-hot of num_prompts slots joins the encoder
+    # output before the joint (0: no prompt, the English seed model); prompts: name -> slot
+    num_prompts: int = 0
+    prompt_intermediate_size: int = 0
+    prompts: dict[str, int] = field(default_factory=dict)
+    default_prompt: int | None = None  # the slot of sessions that name no language
 
     @classmethod
     def from_hf(cls, c: dict) -> NemotronStreamingConfig:
@@ -74,24 +80,36 @@ class NemotronStreamingConfig:
         enc = EncoderConfig(**kw)
         if c.get("hidden_act", "relu") != "relu" or e.get("hidden_act", "silu") != "silu":
             raise MlxSpeechError("only relu joint / silu encoder activations are supported")
+        rights = c.get("supported_num_lookahead_tokens",
+                       e.get("supported_num_lookahead_tokens", (13, 6, 1, 0)))
+        n_prompts = c.get("num_prompts", 0)
         return cls(
             encoder=enc, vocab_size=c.get("vocab_size", 1025),
             blank_id=c.get("blank_token_id", 1024),
             decoder_hidden_size=c.get("decoder_hidden_size", 640),
             num_decoder_layers=c.get("num_decoder_layers", 2),
             max_symbols=c.get("max_symbols_per_step", 10),
-            supported_right_contexts=tuple(c.get("supported_num_lookahead_tokens",
-                                                 (13, 6, 1, 0))),
+            supported_right_contexts=tuple(rights),
+            num_prompts=n_prompts,
+            prompt_intermediate_size=c.get("prompt_intermediate_size", 2 * enc.hidden_size)
+            if n_prompts else 0,
+            prompts=dict(c.get("prompt_dictionary") or {}),
+            default_prompt=c.get("default_prompt_id"),
         )
+
+    def latencies(self) -> dict[int, int]:
+        """This checkpoint's latency modes: ms -> right context (one 80 ms frame per block)."""
+        return {(r + 1) * FRAME_MS: r for r in self.supported_right_contexts}
 
     def right_context(self, latency_ms: int | None) -> int:
         """Latency mode in ms -> right context in encoder frames (None: the default)."""
+        modes = {**LATENCY_MS, **self.latencies()}
         if latency_ms is None:
             r = self.encoder.default_right_context
-        elif latency_ms in LATENCY_MS:
-            r = LATENCY_MS[latency_ms]
+        elif latency_ms in modes:
+            r = modes[latency_ms]
         else:
-            known = ", ".join(str(k) for k in sorted(LATENCY_MS))
+            known = ", ".join(str(k) for k in sorted(modes))
             raise MlxSpeechError(f"latency must be one of {known} ms, got {latency_ms}")
         if latency_ms is not None and r not in self.supported_right_contexts:
             raise MlxSpeechError(f"this model was not trained for the {latency_ms} ms latency")

@@ -38,8 +38,12 @@ class Session:
     """
 
     def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None,
-                 hotwords=None, boost: float = DEFAULT_BOOST, logprobs: bool = False):
+                 hotwords=None, boost: float = DEFAULT_BOOST, logprobs: bool = False,
+                 language: str | None = None):
         self.owner, self.model = owner, owner.model
+        # the language prompt's name and slot (None, None: a model without one)
+        self.language, self.prompt = owner.resolve_language(language)
+        self._detected: str | None = None  # the last language tag drained
         self.lp = TokenLogprobs() if logprobs else None  # the joint's log-softmax per token
         self.booster = owner.booster(hotwords, boost)  # phrase boosting walk, or None
         cfg = owner.config
@@ -67,6 +71,18 @@ class Session:
     def seconds(self) -> float:
         return self.mel.n_samples / self.owner.sample_rate
 
+    @property
+    def detected_language(self) -> str | None:
+        """The language the model names in its last tag (`auto`, or a model that tags what it
+        hears), else the locale of the session's language; None: not known (yet)."""
+        tags = self.owner.language_tags
+        for t in reversed(self.token_ids):
+            if t in tags:
+                return tags[t]
+        if self._detected is not None:
+            return self._detected
+        return None if self.language is None else self.owner.languages_info.locale(self.language)
+
     def result(self) -> Transcript:
         """Everything decoded (since the last `drain`): text, ids, words, token times."""
         tk = self.owner.tokenizer
@@ -74,7 +90,7 @@ class Session:
                           words_from_tokens(self.token_ids, self.frames, tk),
                           [f * FRAME_MS / 1000 for f in self.frames],
                           None if self.lp is None else list(self.lp.values),
-                          frames=list(self.frames))
+                          self.detected_language, frames=list(self.frames))
 
     def drain(self) -> Transcript:
         """The transcript decoded so far, then forgotten, so a session that runs for days
@@ -89,6 +105,9 @@ class Session:
         if self.lp is not None:
             lps = self.lp.values[:cut]
             del self.lp.values[:cut]
+        tags = self.owner.language_tags
+        self._detected = next((tags[t] for t in reversed(ids) if t in tags), self._detected)
+        language = self.detected_language
         text = b"".join(tk.token_bytes(t) for t in ids).decode("utf-8", "replace")
         return Transcript(text, ids, words_from_tokens(ids, frames, tk),
-                          [f * FRAME_MS / 1000 for f in frames], lps, frames=frames)
+                          [f * FRAME_MS / 1000 for f in frames], lps, language, frames=frames)

@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 from .config import NemotronStreamingConfig
 from .encoder import Encoder
+from .prompt import PromptProjector
 
 
 class LSTM(nn.Module):
@@ -89,6 +90,16 @@ class Model(nn.Module):
         self.encoder_projector = nn.Linear(e.hidden_size, d)
         self.decoder = Decoder(config.vocab_size, d, config.num_decoder_layers)
         self.joint = Joint(d, config.vocab_size)
+        if config.num_prompts:  # Nemotron 3.5: the language-ID prompt
+            self.prompt_projector = PromptProjector(e.hidden_size, config.num_prompts,
+                                                    config.prompt_intermediate_size)
+
+    def project(self, frames: mx.array, prompts: list[int] | None = None) -> mx.array:
+        """Encoder frames (B, T, hidden) -> the joint's encoder input (B, T, dim); a prompted
+        model first joins each row's language slot (`prompts`, one per row)."""
+        if "prompt_projector" in self:
+            frames = self.prompt_projector(frames, prompts)
+        return self.encoder_projector(frames)
 
     @property
     def dtype(self) -> mx.Dtype:

@@ -16,6 +16,8 @@ _CONV2D = re.compile(r"^encoder\.subsampling\.(conv_in|layers\.\d+\.depthwise_co
 _POINTWISE2D = re.compile(r"^encoder\.subsampling\.layers\.\d+\.pointwise_conv\.weight$")
 _POINTWISE1D = re.compile(r"^encoder\.layers\.\d+\.conv\.pointwise_conv[12]\.weight$")
 _DEPTHWISE1D = re.compile(r"^encoder\.layers\.\d+\.conv\.depthwise_conv\.weight$")
+# transformers' first Nemotron 3.5 port kept NeMo's prompt_kernel.0/2 names
+_PROMPT_KERNEL = re.compile(r"^prompt_kernel\.([02])\.")
 
 
 def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.array]:
@@ -26,6 +28,7 @@ def remap(weights: dict[str, mx.array], expected: set[str]) -> dict[str, mx.arra
     out: dict[str, mx.array] = {}
     for key, w in weights.items():
         name = key[len("model."):] if key.startswith("model.") else key
+        name = _PROMPT_KERNEL.sub(lambda m: f"prompt_projector.linear_{int(m[1]) // 2 + 1}.", name)
         if param_name(name) not in expected:
             raise CheckpointError(f"unexpected checkpoint key {key!r}")
         if _CONV2D.match(name):
@@ -54,6 +57,8 @@ def remap_nemo_mlx(weights: dict[str, mx.array], expected: set[str]) -> dict[str
     `.biases`. Raises CheckpointError naming the first unknown or missing key."""
     out: dict[str, mx.array] = {}
     for key, w in weights.items():
+        if key.startswith("preprocessor."):  # mlx-audio's mel filterbank buffers
+            continue
         if m := _MLX_LSTM.match(key):
             layer, part = m.group(1), m.group(2)
             if part == "bias":
@@ -80,7 +85,9 @@ _RENAMES = [
     (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
     (r"^joint\.enc\.", "encoder_projector."),
     (r"^joint\.pred\.", "decoder.decoder_projector."),
-    (r"^joint\.joint_net\.2\.", "joint.head."),
+    (r"^joint\.joint_net\.[12]\.", "joint.head."),  # .1 when trained without dropout
+    (r"^prompt_kernel\.0\.", "prompt_projector.linear_1."),  # Nemotron 3.5's language prompt
+    (r"^prompt_kernel\.2\.", "prompt_projector.linear_2."),
 ]
 _PRE_ENCODE = re.compile(r"^encoder\.pre_encode\.conv\.(\d+)\.(weight|bias)$")
 

@@ -109,14 +109,20 @@ class VoxtralTTS:
     def session(self, voice: str | None = None, seed: int = 0, max_frames: int | None = None,
                 first_frames: int = 4, chunk_frames: int = 16,
                 clause_words: int | None = CLAUSE_WORDS,
-                max_chars: int = SEGMENT_CHARS) -> Session:
+                max_chars: int = SEGMENT_CHARS, text: str | None = None) -> Session:
         """A speech session: `feed(text)` pieces as they come, `finish()`, then `step()` (or
         `step_many` with other sessions) until `done`. Segments are cut at sentence ends (a
         clause mark after `clause_words` words; at most `max_chars` characters), segment j
         drawn from seed + j, `PAUSE_S` of silence between; chunks of `first_frames` then
-        `chunk_frames` frames (80 ms each); `max_frames` caps each segment."""
-        return Session(self, voice, seed, max_frames, first_frames, chunk_frames,
-                       clause_words, max_chars)
+        `chunk_frames` frames (80 ms each); `max_frames` caps each segment.
+
+        `text`: a whole text instead, cut as `stream` cuts it (sentences joined into chunks of
+        at most CHUNK_CHARS) and finished: the session speaks exactly `stream`'s audio."""
+        s = Session(self, voice, seed, max_frames, first_frames, chunk_frames, clause_words,
+                    max_chars)
+        if text is not None:
+            s.add_segments(split_sentences(text, CHUNK_CHARS))
+        return s
 
     def step_many(self, sessions: Iterable[Session]) -> list[Audio | None]:
         """Advance each session by one frame in one batched forward (the backbone step, the
@@ -181,10 +187,8 @@ class VoxtralTTS:
         `should_stop()` true ends the stream before the next frame (a server's
         client left: no chunk's worth of frames is made for nobody).
         """
-        s = self.session(voice, seed, max_frames, first_frames, chunk_frames)
-        chunks = split_sentences(text, CHUNK_CHARS)
-        s.add_segments(chunks)
-        total, reported = sum(len(c) for c in chunks), 0
+        s = self.session(voice, seed, max_frames, first_frames, chunk_frames, text=text)
+        total, reported = s.pending_chars, 0
         while not s.done:
             if should_stop is not None and should_stop():
                 s.cancel()

@@ -126,6 +126,12 @@ class Session:
         return not self.cancelled and (self.track is not None or bool(self._todo))
 
     @property
+    def pending_chars(self) -> int:
+        """Characters given and not started yet: the segments queued and the text not cut."""
+        with self._lock:
+            return sum(map(len, self._todo)) + len(self._segmenter.buf)
+
+    @property
     def done(self) -> bool:
         """Cancelled, or every segment of the finished text spoken."""
         return self.cancelled or (self.finished and self.track is None and not self._todo)

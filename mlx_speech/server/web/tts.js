@@ -1,8 +1,11 @@
 // Text to speech: POST /v1/audio/speech as server-sent events of 16-bit PCM; each chunk is
 // scheduled for playback as it arrives, so speech starts while the rest is being generated.
+// "Speak as I type" streams the text in instead (tts-live.js): each sentence is heard as soon
+// as it is typed.
 
 import { apiFetch, sseEvents } from "./api.js";
 import { FRAME_S, Player, audioContext, base64ToBytes, meterWidth, pcm16FromBytes, pcm16ToFloat, wavBlob } from "./audio.js";
+import { startLive } from "./tts-live.js";
 import { clearError, instantiate, seconds, setState, showError } from "./ui.js";
 
 export function createTts(model) {
@@ -12,8 +15,13 @@ export function createTts(model) {
 
   let ctx = null;
   let job = null;
+  let live = null;
 
   el.speak.addEventListener("click", () => {
+    if (live) {
+      live.flush();
+      return;
+    }
     if (job) job.cancel();
     ctx = ctx || audioContext(model.sample_rate);
     ctx.resume();
@@ -21,9 +29,36 @@ export function createTts(model) {
       job = null;
     });
   });
-  el.stop.addEventListener("click", () => job && job.cancel());
+  el.stop.addEventListener("click", () => {
+    if (live) live.cancel();
+    else if (job) job.cancel();
+  });
+  el.live.addEventListener("change", () => {
+    if (!el.live.checked) {
+      if (live) live.close();
+      return;
+    }
+    if (job) job.cancel();
+    ctx = ctx || audioContext(model.sample_rate);
+    ctx.resume();
+    el.text.value = "";
+    el.text.placeholder = "Type here: each sentence is spoken as soon as it ends";
+    el.speak.textContent = "Say the rest";
+    live = startLive(model, el, ctx, () => {
+      live = null;
+      el.live.checked = false;
+      el.speak.textContent = "Speak";
+    });
+    el.text.focus();
+  });
+  el.text.addEventListener("input", () => live && live.input());
   el.text.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) el.speak.click();
+    if (live && e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      live.flush("\n");
+    } else if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+      el.speak.click();
+    }
   });
   return node;
 }
