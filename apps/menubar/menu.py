@@ -84,6 +84,8 @@ def state_name(v) -> str:
     if v.error:
         return "error"
     if v.listening:
+        if v.asr.status in ("loading", "downloading"):  # the dictation waits for its model
+            return v.asr.status
         return "silent_mic" if v.silent else "listening"
     if v.finalizing:
         return "finalizing"
@@ -144,6 +146,8 @@ def present(v) -> Menu:
         want = "Downloading" if state == "downloading" else "Loading"
         status = next(x for x in lines if x and x.startswith(want))
     items = [MenuItem(status)]
+    if v.listening and state in ("loading", "downloading"):
+        items.append(MenuItem("Listening: what you say is kept until the model is ready"))
     for label, m, line in zip(("speech model", "voice model"), (v.asr, v.tts), lines, strict=True):
         if line and line != status:
             items.append(MenuItem(line))

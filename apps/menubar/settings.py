@@ -32,6 +32,7 @@ TTS_MODELS = (
 )
 TOGGLES = ("tap", "double_tap")
 UNLOAD_CHOICES = (5, 10, 30, 0)  # minutes; 0 = keep loaded
+SMALL_MACHINE = 17 << 30  # bytes: a "16 GB" Mac and smaller unload idle models by default
 HANDSFREE_STOP_CHOICES = (1000, 2000, 3000, 5000, 0)  # ms of silence; 0 = only a tap stops
 # settings files from before one latency per model kept Voxtral's as delay_ms and Nemotron's as
 # latency_ms: each goes to the pickers' models of its type
@@ -67,7 +68,8 @@ class Settings:
     # hands-free dictation ends by itself once the speaker has been silent this long (the
     # Silero VAD); 0 = only a tap ends it
     handsfree_stop_ms: int = 2000
-    unload_after_min: int = 10  # 0 = never
+    # 0 = never; by default 10 on a machine with 16 GB or less (one speech model fills it)
+    unload_after_min: int = field(default_factory=lambda: default_unload_after_min())
     preload_asr: bool = True
     recent_size: int = 10
     login_item: bool = False
@@ -114,6 +116,21 @@ class Settings:
         """The vocabulary as the sessions take it (None: nothing to boost); the entries
         `from_json` kept always parse."""
         return Vocabulary.parse(self.vocabulary, self.vocabulary_boost)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None when the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_unload_after_min(memory: int | None = None) -> int:
+    """The idle minutes after which models unload, unless the user chose: 10 on a machine
+    with 16 GB of memory or less (or that does not say), else 0 (kept loaded)."""
+    memory = physical_memory() if memory is None else memory
+    return 10 if memory is None or memory <= SMALL_MACHINE else 0
 
 
 def _ms(v) -> bool:

@@ -20,7 +20,8 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .jobs import AsrStream, BufferFull, Steps
-from .limits import Limits, default_max_sessions, while_connected
+from .limits import RETRY_AFTER_S, Limits, session_budget, while_connected
+from .models import ModelUnavailable
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
 from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
@@ -163,6 +164,14 @@ def create_app(served: Served) -> FastAPI:
         return JSONResponse(error_body(str(exc), "invalid_request_error", exc.code, "model"),
                             status_code=status)
 
+    @app.exception_handler(ModelUnavailable)
+    async def _unavailable(request: Request, exc: ModelUnavailable):
+        if exc.code == "model_load_failed":
+            return JSONResponse(error_body(str(exc), "server_error", exc.code, "model"),
+                                status_code=500)
+        return JSONResponse(error_body(str(exc), "server_error", exc.code), status_code=503,
+                            headers={"retry-after": str(RETRY_AFTER_S)})
+
     @app.exception_handler(Invalid)
     async def _invalid(request: Request, exc: Invalid):
         return JSONResponse(error_body(str(exc), param=exc.param), status_code=400)
@@ -177,15 +186,31 @@ def create_app(served: Served) -> FastAPI:
         e = served.engine
         if e.healthy:  # the model ids (local paths) only to key holders
             keyed = served.api_key is not None and request.scope.get("state", {}).get("key_ok")
-            return {"status": "ok", "models": list(served.models)} if keyed else {"status": "ok"}
+            if keyed:  # and which of them are loaded now
+                return {"status": "ok", "models": list(served.models), "loaded": [
+                    m for m in served.models if served.models.state(m) == "loaded"]}
+            return {"status": "ok"}
         return JSONResponse({"status": "unhealthy", "error": e.failed or "engine stopped"},
                             status_code=503)
 
+    def model_entry(m: str) -> dict:
+        return {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
+                "kind": served.kind(m), **served.details(m)}
+
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [
-            {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
-             "kind": served.kind(m), **served.details(m)} for m in served.models]}
+        return {"object": "list", "data": [model_entry(m) for m in served.models]}
+
+    @app.post("/v1/models/{model_id:path}/load")
+    async def load_model(model_id: str):
+        """An extension: load a model now (the page, before its tab is used) and answer its
+        entry, details included; as any request naming it, it waits for the load."""
+        need_engine()
+        if model_id not in served.models:
+            raise ModelNotFound(f"model {model_id!r} is not served here; served: "
+                                f"{', '.join(served.models)}")
+        (await served.models.acquire(model_id)).release()
+        return model_entry(model_id)
 
     def need_engine():
         if not served.engine.healthy:
@@ -204,7 +229,7 @@ def create_app(served: Served) -> FastAPI:
         f = form.get("file")
         if not isinstance(f, UploadFile):
             raise _http_error(400, "missing the audio 'file' field", param="file")
-        name, model = served.find(_field(form, "model"), "asr")
+        name = served.pick(_field(form, "model"), "asr")
         fmt = _field(form, "response_format") or "json"
         if fmt not in TRANSCRIPT_FORMATS:
             raise _http_error(400, f"response_format must be one of "
@@ -214,19 +239,26 @@ def create_app(served: Served) -> FastAPI:
         diarize = diarize_form(form, fmt, stream, served.diarizer is not None)
         grans = set(form.getlist("timestamp_granularities[]")
                     + form.getlist("timestamp_granularities"))
-        data = await f.read(served.max_upload_bytes + 1)
-        if len(data) > served.max_upload_bytes:
-            raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
-                              f"{served.max_upload_bytes} bytes", "request_too_large", "file")
-        audio = await asyncio.to_thread(_decode_audio, data, model.sample_rate, f.filename)
-        del data
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
         vocabulary = form_vocabulary(form)
         include = form.getlist("include[]") + form.getlist("include")
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
-        s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary, want_lp),
-                                           AsyncSink(q, loop), max_samples=len(audio)))
+        lease = await served.acquire(name, "asr")  # loaded first, when it is not
+        try:  # held until its job is submitted: the engine's job then keeps it loaded
+            model = lease.model
+            data = await f.read(served.max_upload_bytes + 1)
+            if len(data) > served.max_upload_bytes:
+                raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit "
+                                  f"of {served.max_upload_bytes} bytes", "request_too_large",
+                                  "file")
+            audio = await asyncio.to_thread(_decode_audio, data, model.sample_rate, f.filename)
+            del data
+            loop = asyncio.get_running_loop()
+            q: asyncio.Queue = asyncio.Queue()
+            s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary,
+                                                                      want_lp),
+                                               AsyncSink(q, loop), max_samples=len(audio)))
+        finally:
+            lease.release()
         try:
             s.push(audio)
         except BufferFull as e:
@@ -281,7 +313,7 @@ def create_app(served: Served) -> FastAPI:
         from ..models.voxtral_tts import MAX_FRAMES
 
         _check_speech(body, MAX_FRAMES)
-        name, model = served.find(body.get("model"), "tts")
+        name = served.pick(body.get("model"), "tts")
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise _http_error(400, "'input' must be non-empty text", param="input")
@@ -297,9 +329,6 @@ def create_app(served: Served) -> FastAPI:
             raise _http_error(400, "stream_format must be 'audio' or 'sse'",
                               param="stream_format")
         voice = body.get("voice") or None
-        if voice is not None and voice not in model.voices:
-            raise _http_error(400, f"unknown voice {voice!r}; voices: "
-                              f"{', '.join(model.voices) or 'none'}", param="voice")
         seed = body.get("seed")
         if seed is None:
             seed = secrets.randbelow(2**31)
@@ -324,9 +353,17 @@ def create_app(served: Served) -> FastAPI:
         # this model (one batched forward): exactly `stream()`'s audio for this text
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        job = served.engine.submit(SpeechJob(model, lambda: model.session(
-            voice=voice, seed=seed, max_frames=max_frames, text=text, **chunking),
-            AsyncSink(q, loop)))
+        lease = await served.acquire(name, "tts")  # loaded first, when it is not
+        try:  # held until its job is submitted: the engine's job then keeps it loaded
+            model = lease.model
+            if voice is not None and voice not in model.voices:
+                raise _http_error(400, f"unknown voice {voice!r}; voices: "
+                                  f"{', '.join(model.voices) or 'none'}", param="voice")
+            job = served.engine.submit(SpeechJob(model, lambda: model.session(
+                voice=voice, seed=seed, max_frames=max_frames, text=text, **chunking),
+                AsyncSink(q, loop)))
+        finally:
+            lease.release()
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if streaming:  # the status line waits for the first audio (its time is a header)
@@ -366,8 +403,8 @@ def create_app(served: Served) -> FastAPI:
     add_speech_stream(app, served)
     add_kyutai(app, served)
     add_page(app)
-    app.add_middleware(Limits, max_sessions=served.max_sessions
-                       or default_max_sessions(served.models), max_per_ip=served.max_per_ip)
+    app.add_middleware(Limits, max_per_ip=served.max_per_ip, max_sessions=lambda: (
+        served.max_sessions or session_budget(served.models.budgets())))  # models load later
     app.add_middleware(Guard, served=served)
     app.add_middleware(Defences, served=served)  # outermost: Host, Origin, content type
     if served.allowed_origins:

@@ -33,6 +33,7 @@ from ..audio.resample import StreamingResampler
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
 from .jobs import AsrStream, BufferFull
+from .models import ModelUnavailable, acquire_told
 from .turns import TurnStream
 from .validate import Invalid, append_samples, realtime_event, vocabulary
 from .vocabulary import (
@@ -84,12 +85,36 @@ class _Connection:
         self.texts: dict[str, TextDeltas] = {}
         self.model_id: str | None = None
         self.model = None
+        self.lease = None  # the connection's hold on `model` (server/models.py)
         self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
         self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
+
+    async def hold(self, model_id: str):
+        """A lease on `model_id` (this connection's own when it is its model already); a
+        model not loaded yet is loaded first, the client told by `model.loading` then
+        `model.loaded` events. None, after an error event, when it cannot be had."""
+        if self.lease is not None and self.lease.id == model_id:
+            return self.lease
+        try:
+            return await acquire_told(self.served.models, model_id,
+                                      lambda ev: self.send(self.model_event(ev)))
+        except ModelUnavailable as e:
+            self.error(e.code, str(e))
+            return None
+
+    def keep(self, lease) -> None:
+        """Make `lease`'s model this connection's (the one held before is let go)."""
+        if lease is not self.lease:
+            if self.lease is not None:
+                self.lease.release()
+            self.lease, self.model_id, self.model = lease, lease.id, lease.model
+
+    def model_event(self, event: dict) -> dict:
+        return event
 
     def open_stream(self, item: str, make_session) -> AsrStream:
         s = self.engine.submit(AsrStream(self.model, make_session,
@@ -149,6 +174,7 @@ class _Connection:
                            f"({self.engine.failed or 'stopped'})")
                 await asyncio.sleep(0)
                 return
+            await self.opened()
             await self.read_loop()
         except WebSocketDisconnect:
             pass
@@ -157,6 +183,8 @@ class _Connection:
                 s.close()
             self.streams.clear()
             self.speakers.close()
+            if self.lease is not None:
+                self.lease.release()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(), 1.0)
             writer.cancel()
@@ -229,6 +257,7 @@ class _Connection:
 
     # dialect hooks
     def hello(self) -> None: ...
+    async def opened(self) -> None: ...
     def error(self, code: str, message: str) -> None: ...
     async def handle(self, event: dict) -> None: ...
     def engine_event(self, item: str, ev) -> list[dict]: ...
@@ -254,10 +283,14 @@ class VllmConnection(_Connection):
         t = event.get("type")
         if t == "session.update":
             try:
-                self.model_id, self.model = self.served.find(event.get("model"), "asr")
+                model_id = self.served.pick(event.get("model"), "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
                 return
+            lease = await self.hold(model_id)
+            if lease is None:
+                return
+            self.keep(lease)
             if event.get("diarize") and not self.diarize():  # speakers on each utterance
                 self.error("invalid_value", "this server has no diarizer (start it with "
                            "--diarizer)")
@@ -386,8 +419,8 @@ class OpenAIConnection(_Connection):
         self.turns = None  # the TurnStream, once audio came in VAD mode
         self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
         self.legacy = False
-        try:  # ?model=..., else the only ASR model when there is one
-            self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
+        try:  # ?model=..., else the only ASR model when there is one (held once open)
+            self.model_id = self.served.pick(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
             if ws.query_params.get("model"):
                 self.bad_model = str(e)
@@ -420,6 +453,17 @@ class OpenAIConnection(_Connection):
         if self.bad_model:
             self.error("model_not_found", self.bad_model)
 
+    async def opened(self) -> None:
+        if self.model_id is not None:  # the query's model: loaded now, when it is not
+            lease = await self.hold(self.model_id)
+            if lease is None:
+                self.model_id = None
+            else:
+                self.keep(lease)
+
+    def model_event(self, event: dict) -> dict:
+        return {**event, "event_id": self._event_id()}
+
     def error(self, code: str, message: str, event_id: str | None = None,
               param: str | None = None) -> None:
         self.send(self.error_event(code, message, event_id, param))
@@ -433,7 +477,8 @@ class OpenAIConnection(_Connection):
     async def handle(self, event: dict) -> None:
         t, eid = event.get("type"), event.get("event_id")
         if t in ("session.update", "transcription_session.update"):
-            self.update(event.get("session"), eid, legacy=t == "transcription_session.update")
+            await self.update(event.get("session"), eid,
+                              legacy=t == "transcription_session.update")
         elif t == "input_audio_buffer.append":
             try:
                 x = await self.decode(event.get("audio"), self.rate)
@@ -491,7 +536,7 @@ class OpenAIConnection(_Connection):
         self.prev = item
         return out
 
-    def update(self, session, eid, legacy: bool = False) -> None:
+    async def update(self, session, eid, legacy: bool = False) -> None:
         from ..audio.turns import TurnConfig
 
         if not isinstance(session, dict):
@@ -558,19 +603,24 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
                 return
         delay = tr.get("delay", self.delay)  # one of DELAY_NAMES (checked by realtime_event)
-        model_id, model = self.model_id, self.model
+        model_id = self.model_id
         name = tr.get("model")
         if name is not None:
             try:
-                model_id, model = self.served.find(name, "asr")
+                model_id = self.served.pick(name, "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), eid)
                 return
-        if self.turns is not None and (model is not self.model or delay != self.delay):
+        if self.turns is not None and (model_id != self.model_id or delay != self.delay):
             self.error("invalid_value", "the model and delay are fixed once audio was appended "
                        "with turn detection on", eid)
             return
-        self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
+        lease = None if model_id is None else await self.hold(model_id)
+        if model_id is not None and lease is None:
+            return
+        self.rate, self.delay = rate, delay
+        if lease is not None:
+            self.keep(lease)
         self.vocabulary = vocab  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped

@@ -148,3 +148,28 @@ async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
                 return "".join(deltas), ev
             else:
                 raise AssertionError(ev)
+
+
+async def kyutai_talk(url: str, packets: list[bytes], n_audio: int, n_text: int,
+                      headers=None, wait_s: float = 5.0) -> tuple[bytes, str]:
+    """A Kyutai-protocol client: after the handshake byte, each Opus packet as an 0x01 message;
+    then the server's audio bytes and text until there are `n_audio` and `n_text` of them, or
+    nothing came for `wait_s` (the server sent less than expected)."""
+    import websockets
+
+    async with websockets.connect(url, additional_headers=headers or {}, max_size=None) as ws:
+        assert await ws.recv() == b"\x00"
+        for p in packets:
+            await ws.send(b"\x01" + p)
+        audio, text = b"", ""
+        while len(audio) < n_audio or len(text) < n_text:
+            try:
+                m = await asyncio.wait_for(ws.recv(), wait_s)
+            except asyncio.TimeoutError:
+                break
+            assert m[:1] in (b"\x01", b"\x02"), m
+            if m[:1] == b"\x01":
+                audio += m[1:]
+            else:
+                text += m[1:].decode()
+        return audio, text
