@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
-# what pip installs this project as (pyproject's [project] name; the import name is mlx_speech).
-# `mlx-speech` on the package index is another project with the same import name.
-DISTRIBUTION = "mlx-realtime-speech"
 
 DEFAULT_ASR_MODEL = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 
 from ._subpackages import install as _install_subpackages  # noqa: E402
+from .errors import DISTRIBUTION  # noqa: E402  (what pip installs this project as)
 
 _install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
 
