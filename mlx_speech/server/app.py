@@ -23,7 +23,8 @@ from .jobs import AsrStream, BufferFull, Steps
 from .limits import Limits, default_max_sessions, while_connected
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
-from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
+from .languages import languages_field, verbose_language
+from .validate import FILE_RATES, Invalid, diarize_form, form_language, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
 from .vocabulary import logprob_entries, result_logprobs, session_factory
@@ -205,6 +206,7 @@ def create_app(served: Served) -> FastAPI:
         if not isinstance(f, UploadFile):
             raise _http_error(400, "missing the audio 'file' field", param="file")
         name, model = served.find(_field(form, "model"), "asr")
+        language = form_language(form, model)  # before any work: a 400 listing the names
         fmt = _field(form, "response_format") or "json"
         if fmt not in TRANSCRIPT_FORMATS:
             raise _http_error(400, f"response_format must be one of "
@@ -225,7 +227,8 @@ def create_app(served: Served) -> FastAPI:
         vocabulary = form_vocabulary(form)
         include = form.getlist("include[]") + form.getlist("include")
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
-        s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary, want_lp),
+        s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary, want_lp,
+                                                                  language),
                                            AsyncSink(q, loop), max_samples=len(audio)))
         try:
             s.push(audio)
@@ -235,7 +238,8 @@ def create_app(served: Served) -> FastAPI:
         seconds = len(audio) / model.sample_rate
         if stream:
             return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
-                                                     model if want_lp else None),
+                                                     model if want_lp else None,
+                                                     lambda r: languages_field(model, r, language)),
                                      media_type="text/event-stream")
         try:  # the client gone: the stream is closed, the engine drops it at its next tick
             result = await while_connected(request, _await_done(q))
@@ -255,14 +259,16 @@ def create_app(served: Served) -> FastAPI:
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
-                                                       segments=d.segments), d)
+                                                       segments=d.segments,
+                                                       said=(model, language)), d)
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
             breaks = await while_connected(request, _pause_breaks(served, audio,
                                                                   model.sample_rate))
             if breaks is None:
                 return Response(status_code=499)
-        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks,
+                                    said=(model, language))
         if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
             resp["logprobs"] = result_logprobs(model, result)
         return resp
@@ -476,10 +482,11 @@ def _sse_error(ev) -> str:
 
 
 async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False,
-                          lp_model=None):
+                          lp_model=None, languages=lambda result: {}):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
     for (an extension: OpenAI's streaming has none) the done event also carries `words`;
-    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`."""
+    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`; `languages(result)`: the
+    done event's `languages` (server/languages.py)."""
     text = TextDeltas()
     try:
         while True:
@@ -495,6 +502,7 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
                 if d := text.final(result.text):
                     yield _sse({"type": "transcript.text.delta", "delta": d})
                 done = {"type": "transcript.text.done", "text": result.text,
+                        **languages(result),
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
                 if words:
                     done["words"] = _words(result)
@@ -535,7 +543,10 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),
-                         segments=None):
+                         segments=None, *, said: tuple):
+    """`said`: (the model, the request's checked language), for the language fields
+    (server/languages.py)."""
+    model, language = said
     from ..transcript import format_srt, format_vtt, segments_from_words
 
     if fmt == "text":
@@ -547,9 +558,11 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(
     if fmt == "vtt":
         return PlainTextResponse(format_vtt(segments), media_type="text/vtt")
     if fmt == "json":
-        return {"text": result.text, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+        return {"text": result.text, **languages_field(model, result, language),
+                "usage": {"type": "duration", "seconds": round(seconds, 3)}}
     out = {
-        "task": "transcribe", "language": "", "duration": round(seconds, 3), "text": result.text,
+        "task": "transcribe", "language": verbose_language(model, result, language),
+        "duration": round(seconds, 3), "text": result.text,
         "segments": [{"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3),
                       "text": s.text, "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
                       "compression_ratio": 0.0, "no_speech_prob": 0.0}

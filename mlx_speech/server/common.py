@@ -52,13 +52,16 @@ class Served:
 
     def details(self, model_id: str) -> dict:
         """What a client needs beyond the kind: the sample rate, the voices (TTS, PersonaPlex),
-        whether a duplex model takes voice and role prompts (`roles`: PersonaPlex)."""
+        whether a duplex model takes voice and role prompts (`roles`: PersonaPlex), the
+        languages a speech-to-text model takes (`languages`, when it takes any)."""
         m = self.models[model_id]
         out = {"sample_rate": m.sample_rate}
         if self.kind(model_id) != "asr":
             out["voices"] = list(m.voices)
         if self.kind(model_id) == "duplex":
             out["roles"] = m.roles
+        if self.kind(model_id) == "asr" and m.languages is not None:
+            out["languages"] = list(m.languages)
         if self.kind(model_id) == "asr" and self.diarizer is not None:
             out["diarize"] = True  # the server can label speakers (--diarizer)
         return out

@@ -75,15 +75,17 @@ def run(coro):
 
 
 async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
-                      chunk_bytes: int = 4096, headers=None) -> tuple[str, dict]:
-    """vLLM's examples/online_serving/openai_realtime_client.py, step by step."""
+                      chunk_bytes: int = 4096, headers=None,
+                      update: dict | None = None) -> tuple[str, dict]:
+    """vLLM's examples/online_serving/openai_realtime_client.py, step by step; `update`: more
+    fields of its session.update (vLLM's `language`)."""
     import websockets
 
     async with websockets.connect(srv.ws + "/v1/realtime",
                                   additional_headers=headers or {"Authorization":
                                                                  f"Bearer {KEY}"}) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.update", "model": model}))
+        await ws.send(json.dumps({"type": "session.update", "model": model, **(update or {})}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # start
         b = pcm.tobytes()
         for i in range(0, len(b), chunk_bytes):
