@@ -20,10 +20,10 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .jobs import AsrStream, BufferFull, Steps
+from .languages import languages_field, verbose_language
 from .limits import Limits, default_max_sessions, while_connected
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
-from .languages import languages_field, verbose_language
 from .validate import FILE_RATES, Invalid, diarize_form, form_language, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form

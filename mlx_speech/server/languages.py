@@ -5,11 +5,12 @@ locale such as "de-DE"); for a model that takes no language, the language the cl
 (a hint it transcribes), else the model's only language (English for the English Nemotron);
 else unknown. Each protocol says it in its own form:
 
-| where | field | example |
-|---|---|---|
-| verbose_json | `language`: OpenAI's lowercase English name ("" when unknown) | "german" |
-| json, SSE `transcript.text.done`, OpenAI realtime `...transcription.completed` | OpenAI's `languages`: `[{code, locale}]` (`locale` is ours); `[]`: a model that takes languages detected none; absent: a model that takes none and the language is unknown | `[{"code": "de", "locale": "de-DE"}]` |
-| vLLM realtime `transcription.done` | `language` (ours; absent when unknown) | "de-DE" |
+- verbose_json `language`: OpenAI's lowercase English name ("german"; "" when unknown).
+- json, SSE `transcript.text.done`, OpenAI realtime `...transcription.completed`: OpenAI's
+  `languages`, `[{"code": "de", "locale": "de-DE"}]` (`locale`, ours, where the language has a
+  region); `[]` when a model that takes languages detected none; absent when a model that
+  takes none has no language to report.
+- vLLM realtime `transcription.done`: our `language`, "de-DE" (absent when unknown).
 """
 
 from __future__ import annotations
