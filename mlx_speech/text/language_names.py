@@ -7,6 +7,10 @@ code missing here is shown as it is.
 
 from __future__ import annotations
 
+import re
+
+_TAG = re.compile(r"[a-z]{2,3}(?:-[A-Za-z0-9]{2,4})?")  # a code or locale
+
 _NAMES = """
 af Afrikaans|am Amharic|ar Arabic|as Assamese|ay Aymara|az Azerbaijani|ba Bashkir|be Belarusian
 bg Bulgarian|bn Bengali|bo Tibetan|br Breton|bs Bosnian|ca Catalan|cs Czech|cy Welsh|da Danish
@@ -37,6 +41,15 @@ def english_name(tag: str) -> str | None:
     """The English name of a code or locale's language ("de-DE" -> "German"); None when the
     code is not in the table."""
     return NAMES.get(language_code(tag))
+
+
+def offered(names) -> tuple[str, ...]:
+    """The names a language menu offers of a model's `languages`: `auto` first, then the
+    locales, and the bare codes no locale stands for (`de` is an alias of `de-DE`; spellings
+    such as `enGB` are left out), by their labels."""
+    tags = [n for n in names if _TAG.fullmatch(n)]
+    shown = [n for n in tags if "-" in n or not any(m.startswith(n + "-") for m in tags)]
+    return (*(("auto",) if "auto" in names else ()), *sorted(shown, key=label))
 
 
 def label(tag: str) -> str:
