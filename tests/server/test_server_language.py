@@ -22,10 +22,9 @@ websockets = pytest.importorskip("websockets")
 
 import httpx  # noqa: E402
 
-import mlx_speech  # noqa: E402
 from mlx_speech.audio.resample import resample  # noqa: E402
 from mlx_speech.server.validate import Invalid, language  # noqa: E402
-from tests.support.server import KEY, ServerThread, pcm16, run, vllm_client, wav_bytes  # noqa: E402
+from tests.support import server as wire  # noqa: E402
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 N35_NAMES = "auto, de, de-DE, en, en-US, es, es-ES, fr, fr-FR"
@@ -34,19 +33,19 @@ OPENAI_PARAM = "session.audio.input.transcription.language"
 
 @pytest.fixture(scope="module")
 def models():
-    return {"n35": mlx_speech.load(GOLDEN / "nemotron35" / "tiny.nemo"),
-            "nm": mlx_speech.load(GOLDEN / "nemotron")}
+    """`n35` takes languages, `nm` (the English Nemotron) takes none."""
+    return wire.tiny_language_models("nm")
 
 
 @pytest.fixture(scope="module")
 def srv(models):
-    with ServerThread(models, api_key=KEY) as s:
+    with wire.ServerThread(models, api_key=wire.KEY) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key=wire.KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def expected_languages(locale: str | None) -> list[dict]:
 def test_rest_language_conditions_the_model_and_is_reported(client, models, audio, lang):
     m = models["n35"]
     ref = m.transcribe(audio, language=lang)
-    f = ("guten.wav", wav_bytes(audio))
+    f = ("guten.wav", wire.wav_bytes(audio))
     kw = {} if lang is None else {"language": lang}  # none: the model's default (auto)
     create = client.audio.transcriptions.create
     j = create(model="n35", file=f, **kw)
@@ -97,7 +96,7 @@ def test_rest_unknown_language_is_a_400_naming_the_field_before_any_work(srv, ba
     srv.engine.submit = lambda job: submitted.append(job) or submit(job)
     try:  # the file is no audio: the language is refused before it is read
         r = httpx.post(srv.base + "/v1/audio/transcriptions",
-                       headers={"Authorization": f"Bearer {KEY}"},
+                       headers={"Authorization": f"Bearer {wire.KEY}"},
                        data={"model": "n35", "language": bad},
                        files={"file": ("a.wav", b"not audio at all")})
     finally:
@@ -113,7 +112,7 @@ def test_rest_unknown_language_is_a_400_naming_the_field_before_any_work(srv, ba
 def test_a_model_that_takes_no_language_accepts_the_one_it_transcribes(client, models, audio):
     m = models["nm"]  # the English Nemotron
     ref = m.transcribe(audio)
-    f = ("a.wav", wav_bytes(audio))
+    f = ("a.wav", wire.wav_bytes(audio))
     create = client.audio.transcriptions.create
     for lang, entry in (("en", {"code": "en"}), ("en-US", {"code": "en", "locale": "en-US"}),
                         ("EN", {"code": "en"}), ("auto", {"code": "en"}), (None, {"code": "en"})):
@@ -148,7 +147,7 @@ def test_voxtral_takes_its_own_languages_as_hints():
 
 def test_models_list_their_languages(srv, models):
     data = httpx.get(srv.base + "/v1/models",
-                     headers={"Authorization": f"Bearer {KEY}"}).json()["data"]
+                     headers={"Authorization": f"Bearer {wire.KEY}"}).json()["data"]
     by_id = {m["id"]: m for m in data}
     assert by_id["n35"]["languages"] == list(models["n35"].languages) == N35_NAMES.split(", ")
     assert "languages" not in by_id["nm"]  # it takes none
@@ -160,7 +159,7 @@ def test_models_list_their_languages(srv, models):
 async def openai_turn(srv, model: str, pcm24: np.ndarray, lang=None, bad=None) -> dict:
     """One turn over the `openai` SDK's realtime client: the session.updated echo, the
     completed item, and the error events of `bad` language updates sent first."""
-    c = openai.AsyncOpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    c = openai.AsyncOpenAI(base_url=srv.base + "/v1", api_key=wire.KEY, max_retries=0)
     out = {"errors": []}
     async with c.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         tr = {"model": model, **({} if lang is None else {"language": lang})}
@@ -170,10 +169,7 @@ async def openai_turn(srv, model: str, pcm24: np.ndarray, lang=None, bad=None) -
         for b in bad or ():
             await conn.session.update(session={"type": "transcription", "audio": {"input": {
                 "transcription": {"model": model, "language": b}}}})
-        b = pcm24.tobytes()
-        for i in range(0, len(b), 9600):
-            await conn.input_audio_buffer.append(audio=base64.b64encode(b[i:i + 9600]).decode())
-        await conn.input_audio_buffer.commit()
+        await wire.append_and_commit(conn, pcm24, 9600)
         deltas = []
         async for ev in conn:
             if ev.type == "session.updated" and "updated" not in out:
@@ -189,8 +185,8 @@ async def openai_turn(srv, model: str, pcm24: np.ndarray, lang=None, bad=None) -
 
 @pytest.mark.parametrize("lang", ["de", "fr", "auto"])
 def test_openai_realtime_language_and_auto(srv, models, audio, lang):
-    pcm = pcm16(resample(audio, 16000, 24000))
-    got = run(openai_turn(srv, "n35", pcm, lang))
+    pcm = wire.pcm16(resample(audio, 16000, 24000))
+    got = wire.run(openai_turn(srv, "n35", pcm, lang))
     ref = models["n35"].transcribe(pcm.astype(np.float32) / 32768, sample_rate=24000,
                                    language=lang)
     done = got["completed"]
@@ -202,8 +198,8 @@ def test_openai_realtime_language_and_auto(srv, models, audio, lang):
 
 
 def test_openai_realtime_refuses_unknown_languages_in_one_line_and_goes_on(srv, models, audio):
-    pcm = pcm16(resample(audio, 16000, 24000))
-    got = run(openai_turn(srv, "n35", pcm, "fr", bad=["xx", "de-AT"]))
+    pcm = wire.pcm16(resample(audio, 16000, 24000))
+    got = wire.run(openai_turn(srv, "n35", pcm, "fr", bad=["xx", "de-AT"]))
     assert [(e.code, e.param) for e in got["errors"]] == [("invalid_value", OPENAI_PARAM)] * 2
     for e, bad in zip(got["errors"], ["xx", "de-AT"], strict=True):
         assert "\n" not in e.message and f"unknown language {bad!r}" in e.message
@@ -214,8 +210,8 @@ def test_openai_realtime_refuses_unknown_languages_in_one_line_and_goes_on(srv, 
 
 
 def test_openai_realtime_english_model_takes_english_only(srv, models, audio):
-    pcm = pcm16(resample(audio[:32000], 16000, 24000))
-    got = run(openai_turn(srv, "nm", pcm, "en", bad=["de"]))
+    pcm = wire.pcm16(resample(audio[:32000], 16000, 24000))
+    got = wire.run(openai_turn(srv, "nm", pcm, "en", bad=["de"]))
     ref = models["nm"].transcribe(pcm.astype(np.float32) / 32768, sample_rate=24000)
     assert got["completed"].transcript == ref.text
     assert [x.model_dump() for x in got["completed"].languages] == [{"code": "en"}]
@@ -228,8 +224,8 @@ def test_openai_realtime_english_model_takes_english_only(srv, models, audio):
 
 @pytest.mark.parametrize("lang", ["de", "es", "auto"])
 def test_vllm_realtime_language_and_auto(srv, models, audio, lang):
-    pcm = pcm16(audio)
-    joined, done = run(vllm_client(srv, "n35", pcm, update={"language": lang}))
+    pcm = wire.pcm16(audio)
+    joined, done = wire.run(wire.vllm_client(srv, "n35", pcm, update={"language": lang}))
     ref = models["n35"].transcribe(pcm.astype(np.float32) / 32768, language=lang)
     assert joined == done["text"] == ref.text
     assert done["language"] == ref.language == {"de": "de-DE", "es": "es-ES",
@@ -239,7 +235,7 @@ def test_vllm_realtime_language_and_auto(srv, models, audio, lang):
 def test_vllm_realtime_refuses_an_unknown_language(srv, models, audio):
     async def talk():
         async with websockets.connect(srv.ws + "/v1/realtime", additional_headers={
-                "Authorization": f"Bearer {KEY}"}) as ws:
+                "Authorization": f"Bearer {wire.KEY}"}) as ws:
             assert json.loads(await ws.recv())["type"] == "session.created"
             await ws.send(json.dumps({"type": "session.update", "model": "n35",
                                       "language": "xx"}))
@@ -249,13 +245,13 @@ def test_vllm_realtime_refuses_an_unknown_language(srv, models, audio):
             err2 = json.loads(await asyncio.wait_for(ws.recv(), 60))
             return err, err2
 
-    err, err2 = run(talk())
+    err, err2 = wire.run(talk())
     assert err["type"] == "error" and err["code"] == "invalid_value"
     assert err["error"].startswith("language: unknown language 'xx'") and N35_NAMES in err["error"]
     assert "\n" not in err["error"]
     assert err2["code"] == "invalid_value" and "transcribes only English" in err2["error"]
-    pcm = pcm16(audio[:32000])  # a valid language after them works
-    joined, done = run(vllm_client(srv, "nm", pcm, update={"language": "en"}))
+    pcm = wire.pcm16(audio[:32000])  # a valid language after them works
+    joined, done = wire.run(wire.vllm_client(srv, "nm", pcm, update={"language": "en"}))
     assert joined == models["nm"].transcribe(pcm.astype(np.float32) / 32768).text
     assert done["language"] == "en"
 
@@ -270,7 +266,7 @@ def test_server_vad_turns_take_the_language_and_keep_it(models):
     from tests.support.turns_audio import scene, silero
 
     audio, _ = scene(("meeting",), lead_s=0.6, tail_s=0.9)
-    pcm = pcm16(resample(audio, 16000, 24000))
+    pcm = wire.pcm16(resample(audio, 16000, 24000))
     heard = resample(pcm.astype(np.float32) / 32768, 24000, 16000)  # what the server sees
 
     async def talk(srv):
@@ -296,8 +292,8 @@ def test_server_vad_turns_take_the_language_and_keep_it(models):
                 if ev["type"].endswith(".completed"):
                     return events
 
-    with ServerThread(models, vad=silero()) as srv:
-        events = run(talk(srv))
+    with wire.ServerThread(models, vad=silero()) as srv:
+        events = wire.run(talk(srv))
     errors = [e["error"] for e in events if e["type"] == "error"]
     assert [e["message"] for e in errors] == [
         "the model, delay and language are fixed once audio was appended with turn "

@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -72,6 +73,24 @@ def pcm16(x: np.ndarray) -> np.ndarray:
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+
+
+def tiny_language_models(english: str = "nm") -> dict:
+    """The tiny Nemotron 3.5 (`n35`: takes languages) and the tiny English Nemotron (named
+    `english`: takes none), loaded."""
+    import mlx_speech
+
+    golden = Path(__file__).parents[1] / "golden"
+    return {"n35": mlx_speech.load(golden / "nemotron35" / "tiny.nemo"),
+            english: mlx_speech.load(golden / "nemotron")}
+
+
+async def append_and_commit(conn, pcm: np.ndarray, chunk_bytes: int) -> None:
+    """One turn of an `openai` SDK realtime connection: base64 appends, then the commit."""
+    b = pcm.tobytes()
+    for i in range(0, len(b), chunk_bytes):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(b[i:i + chunk_bytes]).decode())
+    await conn.input_audio_buffer.commit()
 
 
 async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,

@@ -15,19 +15,16 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("websockets")
 
-import mlx_speech  # noqa: E402
-from tests.support.server import ServerThread  # noqa: E402
+from tests.support.server import ServerThread, tiny_language_models  # noqa: E402
 from tests.web.helpers_fixtures import KEY, browser  # noqa: E402, F401
-from tests.web.helpers_page import WAIT_MS, Taps, open_page, panel  # noqa: E402
-from tests.web.helpers_page import wait_state as _state  # noqa: E402
+from tests.web.helpers_page import WAIT_MS, Taps, live_turn, open_page, panel  # noqa: E402
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 
 
 @pytest.fixture(scope="module")
 def models():
-    return {"n35": mlx_speech.load(GOLDEN / "nemotron35" / "tiny.nemo"),
-            "nemotron": mlx_speech.load(GOLDEN / "nemotron")}
+    return tiny_language_models("nemotron")
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +55,7 @@ def test_live_turn_in_the_chosen_language(browser, site, models):  # noqa: F811
     ctx, page = open_page(browser, site.base, KEY)
     sel = panel(page, "n35")
     page.select_option(f"{sel} [data-el=language]", "fr-FR")
-    n0 = len(site.taps.asr)
-    page.click(f"{sel} [data-el=mic]")
-    _state(page, sel, "recording")
-    page.wait_for_timeout(2500)
-    page.click(f"{sel} [data-el=mic]")
-    _state(page, sel, "idle")
-    text = page.text_content(f"{sel} p.turn")
-    heard = np.concatenate(site.taps.asr[n0]["pushed"])
+    text, heard = live_turn(page, sel, site.taps)
     m = models["n35"]
     ref = m.transcribe(heard, language="fr-FR")
     assert text == ref.text and ref.text
