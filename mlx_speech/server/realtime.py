@@ -532,10 +532,12 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", "only pcm16 input is supported", eid)
                 return
             inp = {"transcription": session.get("input_audio_transcription") or {}}
+            where = "session.input_audio_transcription"  # for errors naming a field
             if "turn_detection" in session:
                 inp["turn_detection"] = session["turn_detection"]
         else:
             inp = (session.get("audio") or {}).get("input") or {}
+            where = "session.audio.input.transcription"
         fmt = inp.get("format") or {}
         rate = self.rate
         if fmt:
@@ -592,8 +594,7 @@ class OpenAIConnection(_Connection):
         raw, lang = self.language_raw, self.language
         if model is not None:  # the language for this model (OpenAI's ISO-639-1, or `auto`)
             try:
-                raw, lang = self.check_language(model, tr, "session.audio.input.transcription"
-                                                           ".language")
+                raw, lang = self.check_language(model, tr, f"{where}.language")
             except Invalid as e:
                 self.error("invalid_value", str(e), eid, e.param)
                 return

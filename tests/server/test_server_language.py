@@ -219,6 +219,28 @@ def test_openai_realtime_english_model_takes_english_only(srv, models, audio):
     assert e.param == OPENAI_PARAM and "transcribes only English (en); got 'de'" in e.message
 
 
+def test_openai_beta_shape_takes_the_language_too(srv):
+    """The beta `transcription_session.update` shape: `input_audio_transcription.language`,
+    its errors naming that field, and the echo in kind."""
+    async def talk():
+        url = srv.ws + "/v1/realtime?intent=transcription"
+        async with websockets.connect(url, additional_headers={
+                "Authorization": f"Bearer {wire.KEY}"}) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            out = []
+            for lang in ("xx", "de"):
+                await ws.send(json.dumps({"type": "transcription_session.update", "session": {
+                    "input_audio_transcription": {"model": "n35", "language": lang}}}))
+                out.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            return out
+
+    err, ok = wire.run(talk())
+    assert err["type"] == "error" and err["error"]["code"] == "invalid_value"
+    assert err["error"]["param"] == "session.input_audio_transcription.language"
+    assert ok["type"] == "transcription_session.updated"
+    assert ok["session"]["input_audio_transcription"] == {"model": "n35", "language": "de"}
+
+
 # ------------------------------------------------------------------ realtime, vLLM's dialect
 
 
