@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import nemotron_streaming as nb  # noqa: E402
 
-from mlx_speech.models.nemotron_streaming import batch as nbatch  # noqa: E402
 from mlx_speech.models.nemotron_streaming import load  # noqa: E402
+from mlx_speech.models.nemotron_streaming import step as nstep  # noqa: E402
 
 
 class Probe:
@@ -59,8 +59,9 @@ class Probe:
         self.ops += f.getvalue().count("shape=rectangle")
         self.syncs += 1
 
-    def install(self, model) -> None:
-        real_eval, real_greedy = mx.eval, nbatch.greedy_decode
+    def install(self, owner) -> None:
+        model = owner.model
+        real_eval, real_greedy = mx.eval, nstep.greedy_decode
         enc, joint, sdpa = model.encoder.__class__.__call__, type(model.joint).__call__, \
             mx.fast.scaled_dot_product_attention
         probe = self
@@ -96,10 +97,10 @@ class Probe:
             probe.enc += time.perf_counter() - t0 - (probe.greedy - g0)
             return out
 
-        real_step = nbatch._step
+        real_step = owner.steps.stepper.step
         mx.eval = eval_
-        nbatch.greedy_decode = greedy
-        nbatch._step = step
+        nstep.greedy_decode = greedy
+        owner.steps.stepper.step = step
         type(model.encoder).__call__ = encoder_call
         type(model.joint).__call__ = joint_call
         mx.fast.scaled_dot_product_attention = attention
@@ -108,7 +109,7 @@ class Probe:
 def run(folder: Path, dtype: mx.Dtype, b: int, ticks: int, lead: int) -> dict:
     nm = load(folder, dtype=dtype)
     probe = Probe()
-    probe.install(nm.model)
+    probe.install(nm)
     frame = 2 * 1280  # one 160 ms block
     sessions = [nm.session(160) for _ in range(b)]
     rng = np.random.default_rng(0)

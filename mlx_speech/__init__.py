@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
+# what pip installs this project as (pyproject's [project] name; the import name is mlx_speech).
+# `mlx-speech` on the package index is another project with the same import name.
+DISTRIBUTION = "mlx-realtime-speech"
 
 DEFAULT_ASR_MODEL = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 
@@ -12,7 +15,7 @@ _install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
 
 
 def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] | None = None,
-         check=None, log=None, **kwargs):
+         check=None, log=None, options: dict | None = None, **kwargs):
     """Load a model from a local folder or a Hugging Face repo id.
 
     The type comes from the checkpoint's own config (never the repo name); the
@@ -30,7 +33,10 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     `CheckpointError` from the config files, before any weights are downloaded or read.
     `check(model_type)` runs at the same point (it raises to stop: a caller's own checks that
     depend on the model type). `log(line)` hears how much a hub download is about to fetch,
-    and `loading ...` once the checks pass.
+    and `loading ...` once the checks pass. `options`: the session options the caller will use
+    (e.g. `{"voice": "x", "role": "..."}`), checked against the checkpoint's own files by its
+    family (`registry.check_session_options`) at the same points, so a voice it lacks is refused
+    before the weights are read.
     """
     import inspect
     from pathlib import Path
@@ -40,21 +46,24 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     from .registry import (
         ARCHIVES,
         archive_type,
-        check_options,
+        check_load_options,
+        check_session_options,
         model_module,
         name_of,
         weight_patterns,
         wrong_kind,
     )
 
-    def checks(model_type: str, configs: Path | None = None) -> None:
+    def checks(model_type: str, folder=None) -> None:
         if kind is not None and (msg := wrong_kind(str(path_or_repo), model_type, kind)):
             raise CheckpointError(msg)
         if check is not None:
             check(model_type)
         loader(model_type)  # options it does not take: refused before any weights
-        if configs is not None:  # option values against the checkpoint's configs
-            check_options(model_type, configs, kwargs)
+        if folder is not None:  # option values against the checkpoint's own files
+            check_load_options(model_type, folder, kwargs)
+            if options:
+                check_session_options(model_type, folder, str(path_or_repo), options)
 
     def loader(model_type: str):
         load = model_module(model_type).load
@@ -70,8 +79,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
         model_type, folder = archive_type(p), p
     else:
-        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log,
-                         check_configs=lambda t, configs: check_options(t, configs, kwargs))
+        folder = resolve(path_or_repo, weight_patterns, check=checks, log=log)
         # a hub repo holding one .nemo archive resolves to that file
         model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
     checks(model_type, folder)
@@ -80,4 +88,4 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     return loader(model_type)(folder, **kwargs)
 
 
-__all__ = ["DEFAULT_ASR_MODEL", "__version__", "load"]
+__all__ = ["DEFAULT_ASR_MODEL", "DISTRIBUTION", "__version__", "load"]

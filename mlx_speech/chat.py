@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, ranged, run_cli
 from .errors import MlxSpeechError
 from .registry import check_loaded
 
@@ -155,9 +155,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--format", help="output format (default: from the -o suffix)")
     p.add_argument("--tail", type=float, default=4.0,
                    help="offline: seconds of silence after the input for the answer (default 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temp", type=float, help="audio temperature (0 = greedy)")
-    p.add_argument("--temp-text", type=float, help="text temperature (0 = greedy)")
+    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), default=0,
+                   help="sampling seed (default 0)")
+    p.add_argument("--temp", type=ranged(float, 0.0), help="audio temperature (0 = greedy)")
+    p.add_argument("--temp-text", type=ranged(float, 0.0),
+                   help="text temperature (0 = greedy)")
     p.add_argument("--user-lag", type=int, choices=(0, 1),
                    help="frames between the user's audio and the step that consumes it "
                         "(default: the model family's reference behaviour)")
@@ -177,6 +179,8 @@ def _run(args) -> None:
 
         output_format(args.output, args.format)
         check_writable(args.output)
+    elif args.format:
+        raise MlxSpeechError("--format needs -o FILE")
     if args.input:
         from .audio.io import check_readable
 
@@ -190,12 +194,17 @@ def _run(args) -> None:
         check_live_audio(speaker=True)
     import mlx_speech
 
-    model = mlx_speech.load(args.model, kind="duplex", log=log, **quantize_kwargs(args))
+    model = mlx_speech.load(args.model, kind="duplex", log=log,  # prompts: checked first
+                            options={"voice": args.voice, "role": args.role},
+                            **quantize_kwargs(args))
     check_loaded(args.model, model, "duplex")
     if args.list_voices:
         print("\n".join(model.voices) if model.voices else "(this checkpoint has no voices)")
         return
     if args.input:
+        if not args.output:
+            log("note: without -o the model's answer is not kept (only its text is printed); "
+                "add -o answer.wav to write it")
         offline(model, args)
     else:
         live(model, args)

@@ -18,9 +18,14 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--version"]:
+        from .cliutil import version_line
+
+        print(version_line())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         cmds = ", ".join(COMMANDS)
-        msg = f"usage: mlx_speech <command> [args]\ncommands: {cmds}"
+        msg = f"usage: mlx_speech <command> [args]  (or --version)\ncommands: {cmds}"
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command {argv[0]!r}\n{msg}", file=sys.stderr)
             return 2

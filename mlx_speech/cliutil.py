@@ -4,23 +4,59 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import sys
 import threading
 from collections.abc import Callable
 
-from .errors import MlxSpeechError
+from .errors import MlxSpeechError, is_mlx_import_error, missing_backend
+
+USAGE_ERROR = 2  # a bad option or argument, as argparse and the shells have it
+
+
+def version_line() -> str:
+    from . import DISTRIBUTION, __version__
+
+    return f"mlx_speech {__version__} ({DISTRIBUTION})"
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with the error contract: a bad option is one `error: ...` line (exit 2). The
-    description (the module's docstring) is printed as written."""
+    """argparse with the error contract: a bad option is one `error: ...` line (exit 2, a
+    usage error; bad input found later is exit 1). The description (the module's docstring) is
+    printed as written. Every command has `--version`."""
 
     def __init__(self, *args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
+        self.add_argument("--version", action="version", version=version_line(),
+                          help="print the version and exit")
 
     def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+        self.exit(USAGE_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def ranged(kind: type, low=None, high=None, *, above=None):
+    """An argparse `type` that refuses values outside [low, high] (or not above `above`) with
+    one line naming the range, before anything else runs: `type=ranged(int, 1, 65535)`."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}"
+                                             f": {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"must be more than {above}, got {text}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            rule = (f"between {low} and {high}" if low is not None and high is not None
+                    else f"at least {low}" if low is not None else f"at most {high}")
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" wording is not used
+    return parse
 
 
 def log(msg: str) -> None:
@@ -77,6 +113,9 @@ def run_cli(run: Callable[[object], None], args) -> int:
     except Exception as e:  # a bug: one line, and how to get the traceback to report it
         if verbose:
             raise
+        if is_mlx_import_error(e):  # not a bug: MLX installed without its backend
+            log(f"error: {missing_backend(e)}")
+            return 1
         first = (str(e).splitlines() or [""])[0]
         log(f"error: unexpected failure ({type(e).__name__}{': ' + first if first else ''}); "
             "this is a bug: please report it with the output of --verbose and mlx_speech doctor")
@@ -93,12 +132,14 @@ def add_quantize_args(p) -> None:
                    help="quantization group size (default 64)")
 
 
-def add_window_args(p) -> None:
-    """`--decoder-window N` / `--encoder-window M`: Voxtral Realtime's memory lever."""
-    p.add_argument("--decoder-window", type=int, metavar="N",
+def add_window_args(p, ranged_by_argparse: bool = False) -> None:
+    """`--decoder-window N` / `--encoder-window M`: Voxtral Realtime's memory lever (with
+    `ranged_by_argparse`, below 1 is a usage error; else the family's loader refuses it)."""
+    kind = ranged(int, 1) if ranged_by_argparse else int
+    p.add_argument("--decoder-window", type=kind, metavar="N",
                    help="Voxtral Realtime: attend to the last N decoder positions (default "
                         "the model's 8192): less memory per stream, slightly different text")
-    p.add_argument("--encoder-window", type=int, metavar="M",
+    p.add_argument("--encoder-window", type=kind, metavar="M",
                    help="Voxtral Realtime: attend to the last M encoder frames (default 750)")
 
 

@@ -38,12 +38,43 @@ def human_size(n: float) -> str:
 
 
 def python_row() -> Row:
-    from . import __version__
+    from . import DISTRIBUTION, __version__
 
     mac = platform.mac_ver()[0]
     osname = (f"macOS {mac}" if mac else f"{platform.system()} {platform.release()}")
-    return ("mlx_speech", OK, f"{__version__}, Python {platform.python_version()} "
-            f"({sys.executable}), {osname} {platform.machine()}")
+    return ("mlx_speech", OK, f"{__version__} ({DISTRIBUTION}), Python "
+            f"{platform.python_version()} ({sys.executable}), {osname} {platform.machine()}")
+
+
+OTHER_PROJECT = "mlx-speech"  # on the package index: another project, the same import name
+
+
+def _norm(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def conflict_rows(dists=None) -> list[Row]:
+    """One line when another distribution also installs the `mlx_speech` package here (the
+    package index's `mlx-speech` is a different project): both write the same files, so which
+    one `import mlx_speech` gets depends on the install order."""
+    from . import DISTRIBUTION
+
+    ours = _norm(DISTRIBUTION)
+    rows, seen = [], set()
+    for d in metadata.distributions() if dists is None else dists:
+        name = d.metadata["Name"] or ""
+        if _norm(name) in (ours, *seen):
+            continue
+        top = (d.read_text("top_level.txt") or "").split()
+        if _norm(name) == OTHER_PROJECT or "mlx_speech" in top:
+            seen.add(_norm(name))
+            rows.append(("conflict", WARN, f"{name} {d.version} is installed here too and "
+                         "also provides the mlx_speech package (another project with the same "
+                         f"import name): pip uninstall {name}, then reinstall this one "
+                         f"({DISTRIBUTION})"))
+    return rows
 
 
 def mlx_row() -> Row:
@@ -52,8 +83,10 @@ def mlx_row() -> Row:
     try:
         import mlx.core as mx
     except ImportError as e:
-        return ("mlx", FAIL, f"cannot import mlx ({e}): pip install 'mlx-speech[cpu]' on "
-                "Linux without a GPU, 'mlx-speech[cuda]' with one")
+        from .errors import backend_extra
+
+        first = (str(e).splitlines() or [""])[0]
+        return ("mlx", FAIL, f"MLX has no backend here ({first}): {backend_extra()}")
     version = getattr(mx, "__version__", "?")
     backend = "CPU"
     try:
@@ -85,14 +118,25 @@ def _cache_dir() -> Path:
 
 
 def _model_type(snapshot: Path) -> str:
-    from .hub import detect_model_type
-    from .registry import MODELS, kind_of
+    """What `load` makes of a cached snapshot: its config files, or (a NeMo release) the one
+    `.nemo` archive it holds."""
+    from .hub import CONFIG_FILES, detect_model_type
+    from .registry import ARCHIVES, MODELS, archive_type, kind_of
 
     try:
-        t = detect_model_type(snapshot)
+        archives = [p for p in snapshot.iterdir() if p.suffix in ARCHIVES]
+        if len(archives) == 1 and not any((snapshot / f).exists() for f in CONFIG_FILES):
+            t = archive_type(archives[0])
+        else:
+            t = detect_model_type(snapshot)
     except Exception:
         return "not a model mlx_speech loads"
-    return f"{t}, {kind_of(t)}" if t in MODELS else f"{t}: not supported"
+    if t not in MODELS:
+        return f"{t}: not supported"
+    try:
+        return f"{t}, {kind_of(t)}"
+    except ImportError:  # the family's code needs MLX, which cannot load (the mlx row says why)
+        return t
 
 
 def cache_rows() -> tuple[list[Row], list[dict]]:
@@ -183,6 +227,12 @@ def vad_row() -> Row:
         from .models.silero_vad import packaged_weights
 
         p = packaged_weights()
+    except ImportError as e:
+        from .errors import is_mlx_import_error
+
+        if not is_mlx_import_error(e):
+            raise
+        return ("vad", NA, "not checked: MLX cannot load (see the mlx row)")
     except Exception as e:
         return ("vad", WARN, f"no Silero VAD weights: {str(e).splitlines()[0]}")
     return ("vad", OK, f"Silero VAD weights: {p}")
@@ -192,11 +242,13 @@ def extras_row() -> Row:
     """Which of the package's extras have all their packages installed."""
     import re
 
+    from . import DISTRIBUTION
+
     try:
-        reqs = metadata.requires("mlx-speech") or []
+        reqs = metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
-        return ("extras", NA, "mlx-speech is not installed as a package (a source checkout): "
-                "cannot tell which extras are there")
+        return ("extras", NA, f"{DISTRIBUTION} is not installed as a package (a source "
+                "checkout): cannot tell which extras are there")
     extras: dict[str, list[str]] = {}
     for req in reqs:
         m = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
@@ -227,7 +279,9 @@ def extras_row() -> Row:
 
 
 def _installed(dist: str) -> bool:
-    if dist == "mlx-speech":
+    from . import DISTRIBUTION
+
+    if _norm(dist) == _norm(DISTRIBUTION):
         return True
     try:
         metadata.version(dist)
@@ -237,7 +291,7 @@ def _installed(dist: str) -> bool:
 
 
 def collect(offline: bool = False) -> tuple[list[Row], dict]:
-    rows: list[Row] = [python_row(), mlx_row()]
+    rows: list[Row] = [python_row(), *conflict_rows(), mlx_row()]
     cache, models = cache_rows()
     rows += cache
     rows.append(hub_row(offline))

@@ -46,7 +46,7 @@ DISTRIBUTIONS = {
 def optional(extra: str, what: str, error: type[MlxSpeechError] = MissingDependency):
     """Import optional packages inside this block; a missing one raises `error` with one line
     naming the extra that installs it, e.g. `the server needs fastapi: pip install
-    'mlx-speech[server]'`. Write the imports as usual inside it:
+    'mlx-realtime-speech[server]'`. Write the imports as usual inside it:
 
         with optional("app", "the preview"):
             from PIL import Image
@@ -58,7 +58,41 @@ def optional(extra: str, what: str, error: type[MlxSpeechError] = MissingDepende
         if not name or name in ("mlx_speech", "convert", "apps"):
             raise
         dist = DISTRIBUTIONS.get(name, name)
-        fix = f"pip install 'mlx-speech[{extra}]'"
+        fix = install_hint(extra)
         if isinstance(e, ModuleNotFoundError):
             raise error(f"{what} needs {dist}: {fix}") from None
         raise error(f"{what} needs a working {dist} ({e}): {fix}") from None
+
+
+def install_hint(extra: str) -> str:
+    """`pip install 'mlx-realtime-speech[EXTRA]'`: what adds an extra (from a clone too: pip
+    keeps the installed checkout and adds the extra's packages)."""
+    from mlx_speech import DISTRIBUTION
+
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def backend_extra(platform: str | None = None) -> str:
+    """What to install for MLX's backend on this platform, as one clause."""
+    import sys
+
+    platform = platform or sys.platform
+    if platform == "darwin":
+        return ("reinstall MLX for Apple silicon: pip install --force-reinstall mlx "
+                "(macOS 14 or newer, an arm64 Python)")
+    return f"{install_hint('cpu')} (no NVIDIA GPU) or {install_hint('cuda')} (an NVIDIA GPU)"
+
+
+def is_mlx_import_error(e: BaseException) -> bool:
+    """An ImportError from MLX itself: the wheel without its backend library (`pip install
+    -e .` on Linux installs MLX's Python part only)."""
+    if not isinstance(e, ImportError):
+        return False
+    name = (e.name or "").split(".")[0]
+    return name == "mlx" or "libmlx" in str(e)
+
+
+def missing_backend(e: ImportError) -> MissingDependency:
+    """The one line for an MLX that cannot load: why, and which extra to install."""
+    first = (str(e).splitlines() or [""])[0]
+    return MissingDependency(f"MLX has no backend here ({first}): {backend_extra()}")

@@ -5,6 +5,7 @@ the commands that run an ASR session, parsed once into a `Vocabulary` (sessions 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from .errors import MlxSpeechError
@@ -31,7 +32,15 @@ def read_file(path: str | Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as e:
         raise MlxSpeechError(f"cannot read hotwords file {path}: "
                              f"{getattr(e, 'strerror', None) or e}") from None
-    return [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    for i, line in enumerate(lines, 1):  # a phrase at fault is named by its line
+        if line:
+            try:
+                phrases([line])
+            except MlxSpeechError as e:
+                why = re.sub(r"^hotword 1\b", f"line {i}", str(e))
+                raise MlxSpeechError(f"hotwords file {path}: {why}") from None
+    return lines
 
 
 def from_args(args) -> Vocabulary | None:

@@ -74,7 +74,7 @@ def offline() -> bool:
 def fetch_hint(repo: str) -> str:
     """What to do when a repo cannot be fetched: the next steps, in one line."""
     return (f"download it where the hub is reachable (hf download {repo}), then run with "
-            "HF_HUB_OFFLINE=1; or pass a local checkpoint folder with --model FOLDER")
+            "HF_HUB_OFFLINE=1; or give a local checkpoint folder instead of the repo id")
 
 
 def _download(repo: str, patterns: list[str], tqdm_class=None) -> Path:
@@ -130,13 +130,12 @@ def human_size(n: float) -> str:
 
 
 def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, check=None,
-            log=None, check_configs=None) -> Path:
+            log=None) -> Path:
     """A local folder as is, else a hub repo: configs first, then the files the
     model type needs (`weight_patterns(model_type, folder) -> list[str]`).
-    `tqdm_class` goes to huggingface_hub (the app reads its byte progress). `check(model_type)`
-    runs on the configs before any weights are downloaded (it raises to stop), then
-    `check_configs(model_type, folder)` with the folder holding them; `log(line)` hears how
-    much is about to be downloaded."""
+    `tqdm_class` goes to huggingface_hub (the app reads its byte progress).
+    `check(model_type, folder)` runs on the configs (`folder` holds them) before any weights
+    are downloaded (it raises to stop); `log(line)` hears how much is about to be downloaded."""
     p = Path(path_or_repo).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -162,9 +161,7 @@ def resolve(path_or_repo: str | os.PathLike, weight_patterns, tqdm_class=None, c
         patterns = None
     model_type = detect_model_type(folder)
     if check is not None:
-        check(model_type)
-    if check_configs is not None:
-        check_configs(model_type, folder)
+        check(model_type, folder)
     if patterns is None:
         patterns = CONFIG_FILES + weight_patterns(model_type, folder)
     if log is not None:

@@ -74,11 +74,12 @@ def weight_patterns(model_type: str, folder) -> list[str]:
     return model_module(model_type).weight_patterns(folder)
 
 
-def check_options(model_type: str, configs, options: dict) -> None:
+def check_load_options(model_type: str, configs, options: dict) -> None:
     """Load options checked against a checkpoint's configs before any weights are read or
     downloaded (`configs`: the folder holding them, or the single-file archive), by the
-    family's `check_options(configs, **options)` where it has one (Nemotron 3.5: `language`)."""
-    check = getattr(model_module(model_type), "check_options", None)
+    family's `check_load_options(configs, **options)` where it has one (Nemotron 3.5:
+    `language`)."""
+    check = getattr(model_module(model_type), "check_load_options", None)
     if check is not None:
         check(configs, **options)
 
@@ -121,3 +122,14 @@ def check_loaded(what: str, model, want) -> None:
     hint = COMMANDS.get(kind)
     raise CheckpointError(f"{what} is a {KIND_NAMES[kind]} model, not {wanted}"
                           + (f"; {hint}" if hint else ""))
+
+
+def check_session_options(model_type: str, folder, what: str, options: dict) -> None:
+    """The session options a front door will use (`{"voice": ..., "role": ...}`, None values
+    ignored), checked against the checkpoint's files before any weights are read, by the
+    family class's `check_session_options(folder, what, **options)` where it has one (it
+    checks what the files present allow: a hub repo's configs come before its voices)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    hook = getattr(family(model_type), "check_session_options", None)
+    if given and hook is not None:
+        hook(folder, what, **given)

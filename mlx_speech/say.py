@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
-from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, run_cli
+from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, ranged, run_cli
 from .errors import MlxSpeechError
 from .registry import check_loaded
 
@@ -43,7 +43,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-o", "--output", help="write audio to this file instead of playing it")
     p.add_argument("--format", choices=FORMATS, type=str.lower,
                    help="output format (default: from the -o extension)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=ranged(int, 0, 2**63 - 1), default=0,
+                   help="sampling seed (default 0)")
     p.add_argument("--max-frames", type=int, help="stop after this many audio frames")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                    help="compute dtype (default: the checkpoint's)")
@@ -106,14 +107,20 @@ class _Progress:
         if show:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=None, file=sys.stderr, desc="speaking", unit="part",
-                            leave=False, dynamic_ncols=True)
+            # no rate, no unit: "speaking [00:03, 2.4 s of audio]" until the model says how
+            # many parts the text has, then "speaking 2/5 parts |###  | [00:03, 2.4 s of audio]"
+            self.bar = tqdm(total=None, file=sys.stderr, desc="speaking", leave=False,
+                            dynamic_ncols=True, bar_format=self.UNCOUNTED)
+
+    UNCOUNTED = "{desc} [{elapsed}{postfix}]"
+    COUNTED = "{desc} {n_fmt}/{total_fmt} parts |{bar}| [{elapsed}{postfix}]"
 
     def model(self, done, total=None) -> None:
         if self.bar is None:
             return
         if total is not None and self.bar.total != total:
             self.bar.total = total
+            self.bar.bar_format = self.COUNTED
         self.bar.n = done
         self.bar.refresh()
 
@@ -213,7 +220,9 @@ def _run(args) -> None:
 
         check_output_device(_device(args.device), hint=NO_SPEAKER_HINT)
 
-    model = mlx_speech.load(args.model, kind="tts", log=log,
+    model = mlx_speech.load(args.model, kind="tts", log=log,  # voice and text: checked first
+                            options={"voice": args.voice,  # streamed stdin: read as it comes
+                                     "text": text if isinstance(text, str) else None},
                             **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))
     check_loaded(args.model, model, "tts")

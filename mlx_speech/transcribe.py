@@ -12,6 +12,7 @@ Results go to stdout (or -o), logs and progress to stderr. --live ends a line at
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from .cliutil import (
     add_window_args,
     log,
     quantize_kwargs,
+    ranged,
     run_cli,
     window_kwargs,
 )
@@ -40,8 +42,11 @@ PROGRESS_MIN_SECONDS = 60.0
 SPEAKER_HOLD_MAX = 200  # --live --diarize: words held while no speaker has been heard yet
 
 
-def _progress_bar(total_s: float):
-    if total_s < PROGRESS_MIN_SECONDS:
+FEED_S = 2.0  # seconds of audio per session feed: a first Ctrl-C is heard within one
+
+
+def _progress_bar(total_s: float | None):
+    if total_s is None or total_s < PROGRESS_MIN_SECONDS:
         return None, None
     from tqdm import tqdm
 
@@ -49,34 +54,63 @@ def _progress_bar(total_s: float):
                leave=False)
 
     def update(done_s: float, _total: float) -> None:
-        bar.update(round(done_s) - bar.n)
+        bar.update(min(bar.total, round(done_s)) - bar.n)
 
     return bar, update
 
 
-def transcribe_file(model, path: str, args) -> str:
-    from .audio.io import load_audio
+def transcribe_file(model, path: str, args, stop=None) -> str:
+    """The transcript of one file in `args.format`, decoded and fed block by block (memory
+    stays flat however long the file is). `stop` (a threading.Event, set by a first Ctrl-C)
+    ends it early at a block boundary: the text so far is returned, and
+    `args.interrupted_at` says where (seconds), else it is None."""
+    from .audio.decode import decode
     from .writers import write_transcript
 
-    audio, _ = load_audio(path, model.sample_rate, log=log)
-    total = len(audio) / model.sample_rate
+    blocks = decode(path, model.sample_rate, block_s=FEED_S, log=log)
+    total = blocks.info.duration
     bar, update = _progress_bar(total)
+    session = model.session(**_mode(args))
+    diarizer = getattr(args, "diarizer_model", None)  # --diarize
+    speakers = None
+    if diarizer is not None:
+        from .diarize import SpeakerTracker
+
+        speakers = SpeakerTracker(diarizer)  # the same blocks, beside the ASR session
+    fed = 0
+    args.interrupted_at = None
     try:
-        result = model.transcribe(audio, model.sample_rate, progress=update, **_mode(args))
+        for block in blocks:
+            session.feed(block)
+            if speakers is not None:
+                speakers.feed(block)
+            fed += len(block)
+            if update is not None:
+                update(fed / model.sample_rate, total)
+            if stop is not None and stop.is_set():
+                args.interrupted_at = fed / model.sample_rate
+                break
+        else:
+            session.finish()
+            if speakers is not None:
+                speakers.finish()
     finally:
         if bar is not None:
             bar.close()
+    result = session.result()
+    heard = fed / model.sample_rate
     segments = segments_from_words(result.words)
-    extra = {"file": str(path), "duration": round(total, 3),
+    extra = {"file": str(path), "duration": round(heard if total is None else total, 3),
+             **({"transcribed": round(heard, 3)} if args.interrupted_at is not None else {}),
              "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
                        for w in result.words]}
     if result.language is not None:  # detected (or given) by models that tell
         extra["language"] = result.language
     text = result.text
-    if args.diarizer_model is not None:  # --diarize: txt gets a line per speaker turn
-        from .diarize import diarize_result
+    if speakers is not None:  # --diarize: txt gets a line per speaker turn
+        from .diarize import from_frames
 
-        d = diarize_result(result, audio, args.diarizer_model)
+        d = from_frames(result, speakers.probs.copy())
         for row, w in zip(extra["words"], d.words, strict=True):
             row["speaker"] = speaker_name(w.speaker)
         text = format_turns(d.turns()) if args.format == "txt" else text
@@ -322,17 +356,27 @@ def load_live_vad(args):
         return None
 
 
-def live(model, args, vad=None, diarizer=None) -> None:
+def live(model, args, vad=None, diarizer=None, output: Path | None = None) -> None:
     """The microphone through `model`; `vad` from `load_live_vad` (None: one endless line);
-    `diarizer` (--diarize): lines labelled with their speaker."""
+    `diarizer` (--diarize): lines labelled with their speaker; `output` (-o): the same text
+    written to that file as it comes (flushed, so a Ctrl-C or a crash loses nothing)."""
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
     mode = _mode(args)
+    copy = None
+    if output is not None:
+        try:
+            copy = open(output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError as e:
+            raise MlxSpeechError(f"cannot write {output}: {e.strerror or e}") from None
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
+        if copy is not None:
+            copy.write(text)
+            copy.flush()
 
     streaming = {}
     if diarizer is not None:
@@ -360,10 +404,13 @@ def live(model, args, vad=None, diarizer=None) -> None:
             except KeyboardInterrupt:
                 pass
             problem = mic.problem(QUIET_REPORT_S)
+        lines.finish()
     finally:
         if saved is not None:
             saved.close()
-    lines.finish()
+        if copy is not None:
+            copy.close()
+            log(f"wrote {output}")
     if problem:
         log(f"warning: {problem}")
     if mic.dropped:
@@ -383,7 +430,7 @@ def build_parser() -> ArgumentParser:
                    help="--live: start each line with the time its speech began")
     p.add_argument("--words", action="store_true",
                    help="--live: after each line, its words with their start and end times")
-    p.add_argument("--silence-ms", type=int, default=500,
+    p.add_argument("--silence-ms", type=ranged(int, 1), default=500,
                    help="--live: a pause this long ends the line (default 500)")
     p.add_argument("--vad", metavar="PATH",
                    help="--live: Silero VAD weights (default: Silero's release model, "
@@ -414,24 +461,83 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def check_output(args) -> None:
-    """-o: a known format (from --format or the extension) and a place that can be written."""
+def _is_folder(out: str, n_inputs: int) -> bool:
+    """-o names a folder for several inputs, an existing folder, or a path ending in /."""
+    return n_inputs > 1 or Path(out).is_dir() or out.endswith(("/", os.sep))
+
+
+def plan_outputs(args) -> list[Path | None]:
+    """Where each input's transcript goes (None: stdout), decided and checked before any work.
+
+    -o is a file for one input and a folder for several (or an existing folder, or a path
+    ending in /), where each input gets `<stem>.<format>`, or `<name>.<format>` (talk.wav.vtt)
+    when two inputs share a stem; two inputs that would still write one file are refused. A
+    file's extension must agree with --format (which defaults to it; else txt)."""
     from .audio.io import check_writable
 
+    files = args.files
+    if not args.output:
+        args.format = args.format or "txt"
+        return [None] * len(files)
     out = Path(args.output)
-    if len(args.files) > 1:  # a folder of transcripts
-        if out.exists() and not out.is_dir():
-            raise MlxSpeechError(f"-o {out}: several inputs need a folder, and this is a file")
-        parent = out if out.exists() else out.parent
-        if not parent.is_dir():
-            raise MlxSpeechError(f"cannot write {out}: {parent} does not exist")
-        check_writable(parent / ".mlx_speech_check")
-        return
+    if not _is_folder(args.output, len(files)):
+        ext = out.suffix.lstrip(".").lower()
+        if args.format is None:
+            if ext and ext not in FORMATS:
+                raise MlxSpeechError(f"cannot write {out}: unknown transcript format {ext!r}; "
+                                     f"use one of {', '.join(FORMATS)} (or --format)")
+            args.format = ext or "txt"
+        elif ext in FORMATS and ext != args.format:  # x.srt with --format json
+            raise MlxSpeechError(f"cannot write {out}: its extension says {ext}, --format says "
+                                 f"{args.format}; make them agree (e.g. -o "
+                                 f"{out.with_suffix('.' + args.format).name})")
+        check_writable(out)
+        return [out]
+    args.format = args.format or "txt"
+    if out.exists() and not out.is_dir():
+        raise MlxSpeechError(f"-o {out}: several inputs need a folder, and this is a file")
     ext = out.suffix.lstrip(".").lower()
-    if args.format is None and ext and ext not in FORMATS:
-        raise MlxSpeechError(f"cannot write {out}: unknown transcript format {ext!r}; use one of "
-                             f"{', '.join(FORMATS)} (or --format)")
-    check_writable(out)
+    if not out.exists() and ext in FORMATS and not args.output.endswith(("/", os.sep)):
+        raise MlxSpeechError(f"-o {out} names a file, but {len(files)} inputs write one "
+                             "transcript each: give a folder (e.g. -o transcripts/)")
+    parent = out if out.exists() else out.parent
+    if not parent.is_dir():
+        raise MlxSpeechError(f"cannot write {out}: {parent} does not exist")
+    check_writable(parent / ".mlx_speech_check")
+    seen: dict[str, str] = {}
+    for f in files:
+        key = str(Path(f).resolve())
+        if key in seen:
+            raise MlxSpeechError(f"{f} is given twice")
+        seen[key] = f
+    stems = [Path(f).stem for f in files]
+    names = [(Path(f).stem if stems.count(Path(f).stem) == 1 else Path(f).name)
+             + "." + args.format for f in files]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise MlxSpeechError(f"{files[names.index(name)]} and {files[i]} would both write "
+                                 f"{out / name}: rename one, or transcribe them to different "
+                                 "folders")
+    return [out / name for name in names]
+
+
+def _write(out: Path | None, text: str, header: str | None) -> None:
+    """One transcript: to its file (written aside, then renamed), else to stdout."""
+    if out is None:
+        if header is not None:
+            print(header)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    from .audio.io import atomic_output
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise MlxSpeechError(f"cannot write {out}: {e.strerror}") from None
+    log(f"wrote {out}")
 
 
 def _run(args) -> None:
@@ -448,13 +554,10 @@ def _run(args) -> None:
     args.vocabulary = hotwords.from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
-    if args.latency_ms is not None and (args.latency_ms <= 0 or args.latency_ms % 80):
-        raise MlxSpeechError(f"--latency-ms must be a multiple of 80, got {args.latency_ms}")
-    if args.output:  # every check before loading a multi-GB model
-        check_output(args)
-    if args.format is None:
-        ext = Path(args.output).suffix.lstrip(".").lower() if args.output else ""
-        args.format = ext if ext in FORMATS else "txt"
+    if args.live:
+        outs = [check_live_output(args)] if args.output else []
+    else:  # every check before loading a multi-GB model
+        outs = plan_outputs(args)
     for f in args.files:
         check_readable(f)
     if args.save_audio:
@@ -488,26 +591,36 @@ def _run(args) -> None:
 
     check_loaded(args.model, model, "asr")
     if args.live:
-        live(model, args, vad, args.diarizer_model)
+        live(model, args, vad, args.diarizer_model, outs[0] if outs else None)
         return
+    from .cliutil import stop_on_ctrl_c
+
     many = len(args.files) > 1
-    for f in args.files:
-        text = transcribe_file(model, f, args)
-        if args.output:
-            out = Path(args.output)
-            if many:
-                out.mkdir(parents=True, exist_ok=True)
-                out = out / (Path(f).stem + "." + args.format)
-            try:
-                out.write_text(text, encoding="utf-8")
-            except OSError as e:
-                raise MlxSpeechError(f"cannot write {out}: {e.strerror}") from None
-            log(f"wrote {out}")
-        else:
-            if many:
-                print(f"== {f}")
-            sys.stdout.write(text if text.endswith("\n") else text + "\n")
-            sys.stdout.flush()
+    with stop_on_ctrl_c() as stop:
+        for f, out in zip(args.files, outs, strict=True):
+            text = transcribe_file(model, f, args, stop)  # a second Ctrl-C: stop at once
+            _write(out, text, f"== {f}" if many else None)
+            if args.interrupted_at is not None:  # what is done is written: now stop
+                log(f"interrupted at {_clock(args.interrupted_at)} of {f}"
+                    + (f": {out} holds the transcript so far" if out else ""))
+                raise KeyboardInterrupt
+
+
+def check_live_output(args) -> Path:
+    """--live -o FILE: the lines as they are printed, also written to FILE (kept up to date
+    line by line, so a Ctrl-C loses nothing); text only."""
+    from .audio.io import check_writable
+
+    out = Path(args.output)
+    ext = out.suffix.lstrip(".").lower()
+    if out.is_dir() or args.output.endswith(("/", os.sep)):
+        raise MlxSpeechError(f"--live -o takes a file, and {out} is a folder")
+    if (args.format or "txt") != "txt" or (ext and ext != "txt"):
+        raise MlxSpeechError(f"cannot write {out}: --live writes its lines as text; give a "
+                             ".txt file (or no extension)")
+    args.format = "txt"
+    check_writable(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ from mlx_speech.errors import MlxSpeechError
 
 from . import launcher, macho
 
-BUNDLE_ID = "io.github.mlx-speech.menubar"
+BUNDLE_ID = "io.github.mlx-realtime-speech.menubar"
 APP_NAME = "MLX Speech"
 EXECUTABLE = APP_NAME
 BOOT_PTH = "mlx_speech_app.pth"

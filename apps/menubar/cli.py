@@ -25,8 +25,9 @@ def build_parser() -> ArgumentParser:
     mode.add_argument("--simulate", action="store_true",
                       help="headless: real models and audio devices, hotkeys from stdin")
     mode.add_argument("--preview", metavar="DIR", help="write one PNG per state into DIR")
-    mode.add_argument("--install-app", nargs="?", const="~/Applications", metavar="DIR",
-                      help="build MLX Speech.app from this Python (default ~/Applications)")
+    mode.add_argument("--install-app", nargs="?", const="", metavar="DIR",
+                      help="build MLX Speech.app from this Python (default ~/Applications; "
+                           "elsewhere than macOS only into a DIR you name, for testing)")
     mode.add_argument("--login-item", choices=("on", "off"),
                       help="start the app at your next login, or stop doing so")
     mode.add_argument("--doctor", action="store_true",
@@ -115,6 +116,12 @@ def _run(args) -> None:
     if args.install_app is not None:
         from .bundle import install_app
 
+        if not args.install_app:  # no DIR: ~/Applications, which only macOS has
+            if sys.platform != "darwin":
+                raise MlxSpeechError("the app bundle is for macOS: on this system --install-app "
+                                     "writes nothing to ~/Applications; name a folder to build "
+                                     "it in for testing (--install-app DIR)")
+            args.install_app = "~/Applications"
         path, notes = install_app(args.install_app, identity=args.sign)
         for note in notes:
             log(f"note: {note}")

@@ -103,8 +103,10 @@ def permission_rows(darwin: bool) -> list[tuple[str, str, str]]:
 
     missing = missing_pyobjc()
     if missing:
+        from mlx_speech.errors import install_hint
+
         return [("permissions", FAIL, f"cannot check: PyObjC missing ({', '.join(missing)}): "
-                 "pip install 'mlx-speech[app]'")]
+                 + install_hint("app"))]
     perms = MacPermissions(lambda ev: None)
     rows = []
     for kind in PERMISSIONS:

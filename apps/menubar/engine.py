@@ -415,7 +415,7 @@ class HubStore:
         from mlx_speech.hub import detect_model_type, resolve
         from mlx_speech.registry import weight_patterns, wrong_kind
 
-        def check(model_type: str) -> None:
+        def check(model_type: str, folder=None) -> None:
             if kind is not None and (msg := wrong_kind(model_id, model_type, kind)):
                 raise CheckpointError(msg)
 

@@ -28,8 +28,13 @@ def sounddevice_module():
         with optional("live", "live audio", DeviceError):
             import sounddevice
     except OSError as e:  # the wheel is there but libportaudio is not
-        raise DeviceError(f"cannot load PortAudio ({e}); install PortAudio") from None
+        raise DeviceError(f"cannot load PortAudio ({e}); {PORTAUDIO_HINT}") from None
     return sounddevice
+
+
+# sounddevice's wheels carry PortAudio on macOS and Windows; Linux takes the system's
+PORTAUDIO_HINT = ("install PortAudio: sudo apt-get install libportaudio2 (Debian, Ubuntu), "
+                  "sudo dnf install portaudio (Fedora)")
 
 
 def check_live_audio(speaker: bool = False) -> None:

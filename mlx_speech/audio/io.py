@@ -27,7 +27,7 @@ WRITE_FORMATS = {
 _ALIASES = {"raw": "pcm", "wave": "wav", "oga": "ogg"}
 
 
-def _stderr(msg: str) -> None:
+def warn(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
@@ -55,61 +55,32 @@ def load_audio(
     *,
     log: Callable[[str], None] | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Read a file as float32 mono, resampled to `sample_rate` when given."""
-    import soundfile as sf
+    """Read a file as float32 mono, resampled to `sample_rate` when given.
 
-    log = log or _stderr
-    path = Path(path)
-    if not path.exists():
-        raise AudioError(f"audio file not found: {path}")
-    if path.is_dir():
-        raise AudioError(f"{path} is a folder, not an audio file")
-    if not os.access(path, os.R_OK):
-        raise AudioError(f"cannot read {path}: permission denied")
-    try:
-        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(
-            f"cannot read {path}: format not supported or file is corrupt ({e})"
-        ) from None
-    except OSError as e:
-        raise AudioError(f"cannot read {path}: {e.strerror or e}") from None
-    if data.shape[1] > 1:
-        log(f"{path.name}: mixing {data.shape[1]} channels down to mono")
-    x = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
-    if x.size == 0:
-        raise AudioError(f"{path} is empty (0 samples)")
-    if not np.isfinite(x).all():
-        raise AudioError(f"{path} contains NaN or infinite samples")
-    if sample_rate is not None and sr != sample_rate:
-        log(f"{path.name}: resampling {sr} Hz -> {sample_rate} Hz")
-        x, sr = resample(x, sr, sample_rate), sample_rate
-    return np.ascontiguousarray(x), sr
+    Decoded in blocks (`mlx_speech.audio.decode`): the file is mixed down and resampled on the
+    way, so memory holds the result, never the file at its own rate and channels. Any format
+    `decode` reads (m4a, webm... with PyAV)."""
+    from mlx_speech.audio.decode import decode
+
+    blocks = decode(path, sample_rate, log=log or warn)
+    info, rate = blocks.info, blocks.sample_rate
+    if info.frames is None or info.reader != "soundfile":  # a length the header estimates
+        return np.concatenate(list(blocks)), rate
+    out = np.empty(-(-info.frames * rate // info.sample_rate), np.float32)  # resample's length
+    n = 0
+    for b in blocks:  # filled in place: the result, never twice its size
+        out[n: n + len(b)] = b
+        n += len(b)
+    return out[:n], rate
 
 
 def check_readable(path: str | Path) -> None:
     """Raise AudioError now if `path` is not an audio file `load_audio` can read: it exists, is
-    readable, its header decodes and it holds samples. Reads the header only (commands call it
-    before they load a model)."""
-    import soundfile as sf
+    readable, its header decodes and it holds samples; a file stored as floats is scanned for
+    NaN or infinite samples (block by block). Commands call it before they load a model."""
+    from mlx_speech.audio.decode import check_samples
 
-    path = Path(path)
-    if not path.exists():
-        raise AudioError(f"no such file: {path}")
-    if path.is_dir():
-        raise AudioError(f"{path} is a folder, not an audio file")
-    if not os.access(path, os.R_OK):
-        raise AudioError(f"cannot read {path}: permission denied")
-    try:
-        info = sf.info(str(path))
-    except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as e:
-        why = str(e).replace(repr(str(path)), "").replace("Error opening :", "").strip()
-        raise AudioError(f"cannot read {path}: format not supported or file is corrupt"
-                         + (f" ({why})" if why else "")) from None
-    except OSError as e:
-        raise AudioError(f"cannot read {path}: {e.strerror or e}") from None
-    if info.frames == 0:
-        raise AudioError(f"{path} is empty (0 samples)")
+    check_samples(path)
 
 
 def output_format(path: str | Path, format: str | None = None) -> str:

@@ -105,9 +105,13 @@ class StreamingResampler:
         j0 = (ms * down + half) // up - self._base  # window end, relative to the kept xp
         windows = np.lib.stride_tricks.sliding_window_view(self._xp, taps)
         y = np.empty(len(ms), np.float32)
-        for p in np.unique((ms * down + half) % up):
-            sel = ((ms * down + half) % up) == p
-            y[sel] = _dot_rows(windows[j0[sel]], self.h[p])
+        phase = (ms * down + half) % up
+        rows = max(1, _CHUNK // taps)  # gathered windows stay small whatever the feed's size
+        for p in np.unique(phase):
+            idx = np.flatnonzero(phase == p)
+            for s in range(0, len(idx), rows):
+                sel = idx[s: s + rows]
+                y[sel] = _dot_rows(windows[j0[sel]], self.h[p])
         self.n_out = upto
         # drop what no later output needs (xp windows start at j0 = (m * down + half) // up)
         keep = (upto * down + half) // up - self._base

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..audio.io import check_audio, load_audio
+from ..audio.io import check_audio
 from ..errors import MlxSpeechError
 from ..text.context_graph import Booster, ContextGraph, GraphCache
 from ..text.vocabulary import Vocabulary
 from .base import check_sessions, checked_pairs
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
-CLEAR_CACHE_EVERY = 256  # batched steps between mx.clear_cache calls (every streaming model)
 
 
 @dataclass
@@ -187,8 +186,19 @@ def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,
     """Offline transcription is the streaming session fed in large pieces, so the
     two give the same tokens. `progress(done_s, total_s)` is called per piece."""
     rate = session.owner.sample_rate
-    if isinstance(audio, (str, Path)):
-        audio, _ = load_audio(audio, rate)
+    if isinstance(audio, (str, Path)):  # decoded piece by piece: memory flat in its length
+        from ..audio.decode import decode
+        from ..audio.io import warn
+
+        blocks = decode(audio, rate, block_s=PIECE_SECONDS, log=warn)
+        total, done = blocks.info.duration or 0.0, 0
+        for piece in blocks:
+            session.feed(piece)
+            done += len(piece)
+            if progress is not None:
+                progress(done / rate, max(total, done / rate))
+        session.finish()
+        return session.result()
     else:
         audio = check_audio(audio)
         if sample_rate != rate:

@@ -161,6 +161,21 @@ class SlidingKVCache:
             self.keys = flat.reshape(k.shape)
         self.shift += delta
 
+    def prepare(self, length: int) -> int | None:
+        """Before a compiled step (RingStep) writing `length` positions: the slots it sees
+        (every allocated one), grown to the next size when needed; None before the first
+        write (a plain step allocates)."""
+        if self.keys is None:
+            return None
+        n = max(ring_slots(self.offset + length, self.capacity, self.step), self.keys.shape[2])
+        self.keys, self.values = grown(self.keys, self.values, n)
+        return n
+
+    def advance(self, keys: mx.array, values: mx.array, length: int) -> None:
+        """After a compiled step: its new slots, `length` positions further."""
+        self.keys, self.values = keys, values
+        self.offset += length
+
     @property
     def state(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values) if a is not None]
@@ -184,6 +199,59 @@ def stack_rows(refs: list[tuple[mx.array, int]]) -> mx.array:
         parts.append(a if idx == list(range(a.shape[0])) else a[mx.array(idx)])
         k = j
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+
+def ring_mask(offsets: mx.array, length: int, n: int, capacity: int,
+              window: int) -> mx.array:
+    """Bool mask of `length` new queries from each row's position (offsets (B,): (B, 1, L, n);
+    one position for every row, a scalar: (L, n)) against the first `n` slots of a ring of
+    `capacity` after they were written (a slot not written yet holds a position past the
+    newest: hidden)."""
+    offs = offsets[..., None]
+    s = mx.arange(n)
+    last = offs + length - 1
+    slot_pos = mx.where(last >= capacity, last - ((last - s) % capacity), s)
+    q = offs + mx.arange(length)
+    d = q[..., :, None] - slot_pos[..., None, :]  # < 0 for a slot not written yet
+    m = (d >= 0) & (d < window)
+    return m[:, None] if offsets.ndim else m
+
+
+def ring_mask_kind(offsets: list[int], length: int, n: int, capacity: int,
+                   window: int) -> str | None:
+    """How `length` new queries per row (rows at `offsets`) see the first `n` slots of a ring
+    after the write: None when every query sees every slot, "causal" when rows in step see
+    exactly their earlier positions (the forms the fused GPU kernels take; CUDA runs no fused
+    decode step with a mask), else "rows" (a mask per row, `ring_mask`)."""
+    if length == 1 and n <= window and all(min(x + 1, capacity) >= n for x in offsets):
+        return None  # every row wrote every slot, all within its window
+    if min(offsets) == max(offsets) and offsets[0] + length == n <= window:
+        return "causal"  # slot s holds position s (no wrap); window never binds
+    return "rows"
+
+
+def write_start(offsets: list[int], length: int, capacity: int) -> int | None:
+    """The first slot rows at `offsets` write `length` positions to when they all write the
+    same slots without wrapping (one slice write), else None (an index write per row)."""
+    start = offsets[0] % capacity
+    if min(offsets) != max(offsets) or start + length > capacity:
+        return None
+    return start
+
+
+def grown(keys: mx.array, values: mx.array, n: int) -> tuple[mx.array, mx.array]:
+    """(B, H, S, D) keys/values padded with zero slots to `n` (as they are when S >= n)."""
+    if keys.shape[2] >= n:
+        return keys, values
+    pad = [(0, 0), (0, 0), (0, n - keys.shape[2]), (0, 0)]
+    return mx.pad(keys, pad), mx.pad(values, pad)
+
+
+def ring_write(keys: mx.array, values: mx.array, slots: mx.array, k: mx.array,
+               v: mx.array) -> tuple[mx.array, mx.array]:
+    """Write (B, H, L, D) keys/values at each row's slots (B, L), or every row's (L,)."""
+    idx = slots[:, None, :, None] if slots.ndim == 2 else slots[None, None, :, None]
+    return mx.put_along_axis(keys, idx, k, axis=2), mx.put_along_axis(values, idx, v, axis=2)
 
 
 _ROPE_OFFSETS: list = [None, None]  # the last (clocks, array) RingBatch.rope_offset made
@@ -310,26 +378,21 @@ class RingBatch:
         """Slots attention sees once the rows' positions reach `end`."""
         return self._slots(end) if fixed_shapes() else min(end, self.capacity)
 
+    def mask_kind(self, length: int, n: int) -> str | None:
+        """`ring_mask_kind` of the rows."""
+        return ring_mask_kind([r.offset for r in self.rows], length, n, self.capacity,
+                              self.window)
+
     def make_mask(self, length: int) -> mx.array | str | None:
         """(B, 1, L, S) mask for `length` new queries per row, against the slots attention
-        sees after the write (S = `attended`, unwritten slots hidden). None when every
-        query sees every slot and "causal" when rows in step see exactly their earlier
-        positions: the fused GPU kernels take those (CUDA runs no fused decode step with a
-        mask)."""
-        cap, window = self.capacity, self.window
+        sees after the write (S = `attended`, unwritten slots hidden), or None / "causal"
+        (`mask_kind`)."""
         o = [r.offset for r in self.rows]
         n = self.attended(max(o) + length)
-        if length == 1 and n <= window and all(min(x + 1, cap) >= n for x in o):
-            return None  # every row wrote every slot, all within its window
-        if min(o) == max(o) and o[0] + length == n <= window:
-            return "causal"  # slot s holds position s (no wrap); window never binds
-        offs = mx.array(o, mx.int32)[:, None]
-        s = mx.arange(n)[None]
-        last = offs + length - 1
-        slot_pos = mx.where(last >= cap, last - ((last - s) % cap), s)
-        q = offs + mx.arange(length)[None]
-        d = q[:, :, None] - slot_pos[:, None, :]  # < 0 for a slot not written yet
-        return ((d >= 0) & (d < self.window))[:, None]
+        kind = self.mask_kind(length, n)
+        if kind != "rows":
+            return kind
+        return ring_mask(mx.array(o, mx.int32), length, n, self.capacity, self.window)
 
     def _grow(self, k: mx.array, v: mx.array, end: int) -> None:
         B, H, _, D = k.shape
@@ -363,9 +426,8 @@ class RingBatch:
                 self.keys[:, :, : L - first] = k[:, :, first:]
                 self.values[:, :, : L - first] = v[:, :, first:]
         else:
-            idx = mx.array([[(o + t) % cap for t in range(L)] for o in offs])[:, None, :, None]
-            self.keys = mx.put_along_axis(self.keys, idx, k, axis=2)
-            self.values = mx.put_along_axis(self.values, idx, v, axis=2)
+            slots = mx.array([[(o + t) % cap for t in range(L)] for o in offs])
+            self.keys, self.values = ring_write(self.keys, self.values, slots, k, v)
         for r in self.rows:
             r.offset += L
         n = self.attended(end)
@@ -407,6 +469,69 @@ class RingBatch:
         for r, d in zip(self.rows, deltas, strict=True):
             r.shift += d
 
+    # -- compiled steps (nn.compiled): the host's side of a RingStep ------------------------
+    def prepare(self, length: int) -> int | None:
+        """Before a compiled step writing `length` positions per row: the slots that step
+        sees (every allocated one, the fixed shapes), grown to the next size when the rows'
+        positions need it. None when the rows hold no slots yet (a plain step allocates)."""
+        if self.keys is None:
+            return None
+        n = self._slots(max(r.offset for r in self.rows) + length)
+        self.keys, self.values = grown(self.keys, self.values, n)
+        return n
+
+    def clocks(self) -> tuple[mx.array, mx.array]:
+        """(B,) int32 positions written so far and RoPE clocks of the rows."""
+        return (mx.array([r.offset for r in self.rows], mx.int32),
+                mx.array([r.offset - r.shift for r in self.rows], mx.int32))
+
+    def advance(self, keys: mx.array, values: mx.array, length: int) -> None:
+        """After a compiled step: its new slots, every row `length` positions further."""
+        self.keys, self.values = keys, values
+        for r in self.rows:
+            r.offset += length
+
     @property
     def state(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values) if a is not None]
+
+
+class RingStep:
+    """A RingBatch inside a compiled step (`nn.compiled`): the attention's interface with the
+    rows' clocks as arrays (`offsets` (B,), or a scalar when every row is at one position),
+    so the step's trace never changes with their positions. Rows write
+    at their own slots by index; attention sees every slot given (the fixed shapes), the ones
+    not written yet masked (`mask`: RingBatch.mask_kind, decided on the host). `start`: when
+    every row writes the same slots without wrapping (`write_start`), the first of them (a
+    (1,) int32 array), one slice write instead of an index write. The host re-anchors before
+    the step (`deltas`: none here) and advances the rows after it (RingBatch.advance with this
+    view's `keys` / `values`)."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offsets: mx.array, rope: mx.array,
+                 capacity: int, window: int, kv_bits: int | None, mask: str | None,
+                 start: mx.array | None = None):
+        self.keys, self.values, self.offsets, self.rope_offset = keys, values, offsets, rope
+        self.capacity, self.window, self.kv_bits, self.mask = capacity, window, kv_bits, mask
+        self.start = start
+
+    def deltas(self, length: int, limit: int) -> list[int]:
+        return [0]
+
+    def make_mask(self, length: int) -> mx.array | str | None:
+        if self.mask != "rows":
+            return self.mask
+        return ring_mask(self.offsets, length, self.keys.shape[2], self.capacity, self.window)
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        dtype, L = k.dtype, k.shape[2]
+        if self.kv_bits:
+            k, v = pack8(k), pack8(v)
+        if self.start is not None:
+            self.keys = mx.slice_update(self.keys, k, self.start, axes=(2,))
+            self.values = mx.slice_update(self.values, v, self.start, axes=(2,))
+        else:
+            slots = (self.offsets[..., None] + mx.arange(L)) % self.capacity
+            self.keys, self.values = ring_write(self.keys, self.values, slots, k, v)
+        if self.kv_bits:
+            return unpack8(self.keys, dtype), unpack8(self.values, dtype)
+        return self.keys, self.values

@@ -22,7 +22,7 @@ websockets, sphn).
 
 from __future__ import annotations
 
-from ..cliutil import ArgumentParser, add_window_args, log, run_cli, window_kwargs
+from ..cliutil import ArgumentParser, add_window_args, log, ranged, run_cli, window_kwargs
 from ..errors import MlxSpeechError, optional
 
 
@@ -32,14 +32,15 @@ def build_parser() -> ArgumentParser:
                    help="hub repo id or local folder; repeat to serve several. Clients name a "
                         "model by exactly this string")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=ranged(int, 0, 65535), default=8000,
+                   help="port to listen on (default 8000; 0: any free port, shown at start)")
     p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY) on HTTP and "
                                      "WebSocket requests (also: --api-key-file, or the "
                                      "MLX_SPEECH_API_KEY environment variable, unseen by ps)")
     p.add_argument("--api-key-file", metavar="PATH", help="read the API key from this file")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="quantize weights at load")
-    add_window_args(p)
-    p.add_argument("--allowed-origin", action="append", default=[],
+    add_window_args(p, ranged_by_argparse=True)  # every server flag: argparse checks it
+    p.add_argument("--allowed-origin", action="append", default=[], type=origin,
                    help="browser Origin allowed for WebSockets and CORS (repeatable; default: "
                         "loopback pages only)")
     p.add_argument("--allowed-host", action="append", default=[],
@@ -48,18 +49,18 @@ def build_parser() -> ArgumentParser:
                         "rebinding)")
     p.add_argument("--voices", metavar="DIR",
                    help="a folder of voice files clients may name (by file name) on /api/chat")
-    p.add_argument("--max-sessions", type=int,
+    p.add_argument("--max-sessions", type=ranged(int, 1),
                    help="live realtime + chat sessions at once (default 64; with a "
                         "full-duplex model, the conversations whose KV caches fit in half the "
                         "memory left after the weights); past it a WebSocket is closed with 1013")
-    p.add_argument("--max-connections-per-ip", type=int, default=32,
+    p.add_argument("--max-connections-per-ip", type=ranged(int, 1), default=32,
                    help="concurrent requests and WebSockets from one address (default 32); "
                         "past it 503 / 1013")
-    p.add_argument("--max-upload-mb", type=float, default=200.0,
+    p.add_argument("--max-upload-mb", type=ranged(float, above=0), default=200.0,
                    help="largest request body in MB (default 200); larger is a 413")
-    p.add_argument("--max-buffer-s", type=float, default=60.0,
+    p.add_argument("--max-buffer-s", type=ranged(float, above=0), default=60.0,
                    help="seconds of audio a live stream may queue before buffer_full")
-    p.add_argument("--idle-timeout-s", type=float, default=300.0,
+    p.add_argument("--idle-timeout-s", type=ranged(float, above=0), default=300.0,
                    help="close a WebSocket after this long without client events")
     p.add_argument("--vad", metavar="PATH",
                    help="Silero VAD weights for server_vad / semantic_vad turn detection (a "
@@ -75,6 +76,20 @@ def build_parser() -> ArgumentParser:
                    help="debug/benchmark: step live streams one at a time")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     return p
+
+
+def origin(text: str) -> str:
+    """--allowed-origin: what a browser sends as Origin (scheme://host[:port], nothing after),
+    else it could never match."""
+    import argparse
+    from urllib.parse import urlsplit
+
+    u = urlsplit(text)
+    if u.scheme not in ("http", "https") or not u.netloc or u.path or u.query or u.fragment:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a browser origin: scheme://host[:port], e.g. https://app.example "
+            "(no path, no trailing slash)")
+    return text
 
 
 SERVED_KINDS = ("asr", "tts", "duplex")
@@ -189,10 +204,19 @@ def _run(args) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allowed_host:
         log("note: clients that reach this server by a host name (not an IP address) need "
             "--allowed-host NAME (DNS rebinding defence)")
+    if args.voices is not None:
+        from pathlib import Path
+
+        voices = Path(args.voices).expanduser()
+        if not voices.is_dir():
+            raise MlxSpeechError(f"--voices {args.voices}: "
+                                 + ("not a folder" if voices.exists() else "no such folder"))
+    if args.vad is not None and args.no_vad:
+        raise MlxSpeechError("--vad and --no-vad contradict each other; give one")
     sock = bind(args.host, args.port)  # bind first, load after, then serve on this socket
     try:
         port = sock.getsockname()[1]
-        models = load_models(args.model, args.quantize, **window_kwargs(args))
+        # the small models first: a bad --vad or --diarizer is found before the big ones load
         vad = None if args.no_vad else load_server_vad(args.vad)
         diarizer = None
         if args.diarizer:
@@ -200,6 +224,7 @@ def _run(args) -> None:
 
             log(f"loading {args.diarizer}")
             diarizer = load_diarizer(args.diarizer)
+        models = load_models(args.model, args.quantize, **window_kwargs(args))
         app, engine = make_app(models, api_key=args.api_key,
                                allowed_origins=args.allowed_origin,
                                max_upload_bytes=int(args.max_upload_mb * (1 << 20)),

@@ -85,8 +85,10 @@ async def _chat(ws: WebSocket, served: Served) -> None:
         try:
             import sphn
         except ImportError:
+            from ..errors import install_hint
+
             await ws.send_bytes(ERROR + b"the server needs the sphn package for Opus: "
-                                b"pip install 'mlx-speech[server]'")
+                                + install_hint("server").encode())
             await ws.close()
             return
     kwargs = {}

@@ -258,7 +258,7 @@ def real_engine(app_holder: list, *, asr=None, tts=None, speaker=None, store=Non
     return eng.start(), models
 
 
-def pump_until(app: App, cond, timeout: float = 10.0):
+def pump_until(app: App, cond, timeout: float = 60.0):  # generous: a busy machine is slow
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

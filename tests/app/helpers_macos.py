@@ -640,7 +640,7 @@ class _Workspace:
     def frontmostApplication(self):
         rec("AppKit.NSWorkspace.frontmostApplication")
         f = WORLD.front
-        return _Running(os.getpid(), "io.github.mlx-speech.menubar") if f is None \
+        return _Running(os.getpid(), "io.github.mlx-realtime-speech.menubar") if f is None \
             else _Running(f.pid, f.bundle)
 
     def openURL_(self, url):

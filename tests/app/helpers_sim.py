@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.support.pulse import favoured
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,7 +23,8 @@ class Sim:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlx_speech.app", "--simulate", *map(str, args)],
             cwd=cwd, env={**os.environ, **env}, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=favoured)  # its audio ahead of other work on a busy machine
         self.events: list[dict] = []
         self._q: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

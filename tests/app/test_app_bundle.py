@@ -46,7 +46,7 @@ def test_install_app_writes_the_layout_macos_gets(installed):
     assert exe.stat().st_mode & 0o111
     info = plistlib.loads((app / "Contents" / "Info.plist").read_bytes())
     assert info["CFBundleExecutable"] == "MLX Speech" and info["LSUIElement"] is True
-    assert info["CFBundleIdentifier"] == "io.github.mlx-speech.menubar"
+    assert info["CFBundleIdentifier"] == "io.github.mlx-realtime-speech.menubar"
     assert info["CFBundlePackageType"] == "APPL" and "what you say" in info[
         "NSMicrophoneUsageDescription"]
     cfg = (app / "Contents" / "pyvenv.cfg").read_text()
@@ -148,7 +148,7 @@ def test_on_macos_the_bundle_is_signed_under_its_identifier(tmp_path):
     app, notes = bundle.install_app(tmp_path, run=run, platform="darwin", interp=real)
     signs = [c for c in calls if c[0] == "codesign"]
     assert signs == [["codesign", "--force", "--sign", "-", "--identifier",
-                      "io.github.mlx-speech.menubar", str(app)],
+                      "io.github.mlx-realtime-speech.menubar", str(app)],
                      ["codesign", "--verify", "--strict", str(app)]]
     check = [c for c in calls if c[0] == str(app / EXE)]
     assert check and check[0][1] == "-c" and notes == []
@@ -157,7 +157,7 @@ def test_on_macos_the_bundle_is_signed_under_its_identifier(tmp_path):
     other.write_bytes(real.binary.read_bytes() + b"\0")
     interp = bundle.Interpreter(other, real.home, real.version, real.site, real.path, {})
     _, notes = bundle.install_app(tmp_path, run=run, platform="darwin", interp=interp)
-    assert any("tccutil reset All io.github.mlx-speech.menubar" in n for n in notes)
+    assert any("tccutil reset All io.github.mlx-realtime-speech.menubar" in n for n in notes)
     R.returncode, R.stderr = 1, "code object is not signed at all"
     with pytest.raises(Exception, match="codesign --force --sign failed: code object"):
         bundle.install_app(tmp_path, run=run, platform="darwin", interp=real)
@@ -211,14 +211,14 @@ def test_login_item_is_written_for_the_next_login_not_started(tmp_path):
     exe.parent.mkdir(parents=True)
     exe.write_bytes(b"\xcf\xfa\xed\xfe")
     assert "next login" in bundle.set_login_item(True, home=home, run=run, uid=501)
-    plist = home / "Library" / "LaunchAgents" / "io.github.mlx-speech.menubar.plist"
+    plist = home / "Library" / "LaunchAgents" / "io.github.mlx-realtime-speech.menubar.plist"
     agent = plistlib.loads(plist.read_bytes())
     assert agent["ProgramArguments"] == ["/usr/bin/open", "-g",
                                          str(home / "Applications" / "MLX Speech.app")]
     assert agent["RunAtLoad"] is True and calls == []  # not loaded: nothing starts now
     assert bundle.login_item_enabled(home)
     bundle.set_login_item(False, home=home, run=run, uid=501)
-    assert calls == [["launchctl", "bootout", "gui/501/io.github.mlx-speech.menubar"]]
+    assert calls == [["launchctl", "bootout", "gui/501/io.github.mlx-realtime-speech.menubar"]]
     assert not plist.exists() and not bundle.login_item_enabled(home)
 
 
@@ -237,7 +237,8 @@ def test_login_item_on_from_the_command_line_starts_nothing(tmp_path):
                             "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert r.returncode == 0, r.stderr
     assert not log.exists() or "bootstrap" not in log.read_text()
-    assert (home / "Library" / "LaunchAgents" / "io.github.mlx-speech.menubar.plist").exists()
+    agents = home / "Library" / "LaunchAgents"
+    assert (agents / "io.github.mlx-realtime-speech.menubar.plist").exists()
 
 
 # ---------------------------------------------------------------- one instance, the log

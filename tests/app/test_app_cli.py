@@ -100,3 +100,16 @@ def test_simulate_reports_bad_commands_and_a_missing_model(tmp_path):
     assert "unknown command 'jump'" in errors
     assert any("no such model folder" in m for m in errors)
     assert [e["state"] for e in events if e["event"] == "state"][-1] == "error"
+
+
+def test_install_app_without_a_folder_is_refused_off_macos(tmp_path, monkeypatch, capsys):
+    """Old: on Linux it wrote ~/Applications/MLX Speech.app, which nothing there opens."""
+    import sys
+
+    from mlx_speech.app.cli import main
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["--install-app"]) == 1
+    assert "the app bundle is for macOS" in capsys.readouterr().err
+    assert not (tmp_path / "Applications").exists()

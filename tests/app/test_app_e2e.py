@@ -12,7 +12,7 @@ import numpy as np
 
 from tests.app.helpers_sim import Sim
 from tests.conftest import speechlike
-from tests.support.pulse import align
+from tests.support.pulse import align, without_gaps
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_TTS = ROOT / "tests" / "golden" / "voxtral_tts" / "ckpt"
@@ -85,13 +85,16 @@ def test_simulate_speak_selection_plays_generate(pulse, tmp_path):
     with pulse.record_speaker() as rec:
         sim.send("press speak", "release speak")
         sim.until(lambda e: e["event"] == "spoken", timeout=60)
-        time.sleep(0.5)  # what is still in the device's buffers
+        rec.settle(0.5)  # what is still in the device's buffers
     sim.quit()
     assert sim.of("speaking")[0]["text"] == text
     ref = vt.load(TINY_TTS).generate(text, voice="neutral_female", max_frames=frames).samples
     ref = np.clip(ref, -1, 1)
     assert len(ref) == frames * 1920
     assert abs(sim.of("spoken")[0]["seconds"] - len(ref) / 24000) < 1e-3
-    off = align(rec.samples, ref)
-    played = rec.samples[off: off + len(ref)]
-    assert np.abs(played - ref).max() < 2.5 / 32767  # 16-bit precision
+    # generate()'s samples, played exactly (16-bit precision) and in order; on a machine too
+    # busy to generate in real time an underrun plays silence between blocks, never anything
+    # else: exact-silence runs are dropped on both sides (as 16-bit samples)
+    got, ref = without_gaps(rec.samples), without_gaps(np.round(ref * 32767) / 32767)
+    off = align(got, ref)
+    assert np.abs(got[off: off + len(ref)] - ref).max() < 2.5 / 32767

@@ -298,7 +298,7 @@ def test_login_item_on_starts_no_second_copy(home, monkeypatch):
         seen["failed"] = (w.find("Launch at login")._state, w.titles())
 
     launch.run(script)
-    plist = home / "Library" / "LaunchAgents" / "io.github.mlx-speech.menubar.plist"
+    plist = home / "Library" / "LaunchAgents" / "io.github.mlx-realtime-speech.menubar.plist"
     calls = log.read_text().splitlines() if log.exists() else []
     started_now = [c for c in calls if c.startswith(("launchctl bootstrap", "open"))]
     assert started_now == [], f"a second copy was started: {started_now}"

@@ -64,7 +64,7 @@ def test_default_log_goes_to_stderr(tmp_path, capsys):
 
 
 def test_missing_and_directory(tmp_path):
-    with pytest.raises(AudioError, match="not found"):
+    with pytest.raises(AudioError, match="no such file"):
         load_audio(tmp_path / "nope.wav")
     with pytest.raises(AudioError, match="folder"):
         load_audio(tmp_path)

@@ -102,7 +102,7 @@ def test_read_watched_warns_once_per_quiet_stretch(monkeypatch):
 
 def test_missing_sounddevice(monkeypatch):
     monkeypatch.setitem(sys.modules, "sounddevice", None)
-    with pytest.raises(DeviceError, match=r"pip install 'mlx-speech\[live\]'"):
+    with pytest.raises(DeviceError, match=r"pip install 'mlx-realtime-speech\[live\]'"):
         Microphone().start()
 
 
@@ -296,5 +296,5 @@ def test_speaker_device_errors_carry_the_hint(monkeypatch):
     with pytest.raises(DeviceError, match="does not support 24000 Hz"):
         Speaker(24000).start()
     monkeypatch.setitem(sys.modules, "sounddevice", None)
-    with pytest.raises(DeviceError, match=r"mlx-speech\[live\]'; use -o FILE"):
+    with pytest.raises(DeviceError, match=r"mlx-realtime-speech\[live\]'; use -o FILE"):
         check_output_device(hint="; use -o FILE")

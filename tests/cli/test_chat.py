@@ -155,7 +155,9 @@ class FakeSpeaker:
 
 def test_live_loop_drops_backlog_and_reports(fake, monkeypatch, capsys):
     import mlx_speech.audio.devices as devices
+    from tests.support.sounddevice_fakes import fake_sounddevice
 
+    fake_sounddevice(monkeypatch)  # the device checks pass without PortAudio installed
     monkeypatch.setattr(devices, "Microphone", FakeMic)
     monkeypatch.setattr(devices, "Speaker", FakeSpeaker, raising=False)
     assert chat.main([]) == 0

@@ -64,4 +64,46 @@ def test_audio_without_sounddevice_says_so(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "sounddevice", None)
     (row,) = doc.audio_rows()
-    assert row[:2] == ("audio", "n/a") and "mlx-speech[live]" in row[2]
+    assert row[:2] == ("audio", "n/a") and "mlx-realtime-speech[live]" in row[2]
+
+
+def test_another_mlx_speech_distribution_is_named_in_one_line(tmp_path):
+    """The package index's `mlx-speech` (another project, the same import name) installed
+    beside this one: doctor says so, with what to do."""
+    dist = tmp_path / "site" / "mlx_speech-0.5.4.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mlx-speech\nVersion: 0.5.4\n")
+    (dist / "top_level.txt").write_text("mlx_speech\n")
+    r, _ = doctor("--offline", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path / 'site'}"})
+    rows = [line for line in r.stdout.splitlines() if line.startswith("conflict ")]
+    assert r.returncode == 0 and len(rows) == 1, r.stdout
+    assert ("mlx-speech 0.5.4 is installed here too and also provides the mlx_speech package "
+            "(another project with the same import name): pip uninstall mlx-speech, then "
+            "reinstall this one (mlx-realtime-speech)") in rows[0]
+
+
+def test_no_conflict_row_without_another_distribution():
+    from importlib import metadata
+
+    from mlx_speech import doctor as doc
+
+    ours = [d for d in metadata.distributions() if d.metadata["Name"] == "pytest"]
+    assert doc.conflict_rows(ours) == []
+
+
+def test_a_nemo_release_in_the_cache_is_read_as_load_reads_it(tmp_path):
+    """Old: NVIDIA's diarizer repo (one .nemo) was 'not a model mlx_speech loads', yet
+    --diarizer loads it."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--nvidia--diar_streaming_sortformer_4spk-v2.1"
+    snap = repo / "snapshots" / ("b" * 40)
+    snap.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "golden" / "sortformer" / "tiny.nemo",
+                snap / "diar_streaming_sortformer_4spk-v2.1.nemo")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    r, _ = doctor("--offline", env={"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)})
+    row = next(line for line in r.stdout.splitlines() if "diar_streaming" in line)
+    assert "(sortformer, diarizer)" in row, r.stdout

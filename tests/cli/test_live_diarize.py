@@ -18,6 +18,7 @@ import mlx_speech
 from mlx_speech import diarize
 from mlx_speech.models import sortformer
 from mlx_speech.models.asr import Transcript, Word
+from tests.support.sounddevice_fakes import fake_sounddevice
 from tests.support.turns_audio import BLOCK, blocks, fake_microphone, silero
 from tests.support.turns_audio import turns_offline as _turns_offline
 
@@ -247,6 +248,7 @@ def test_live_cli_diarize_through_main(nm, diar, vad, audio, monkeypatch, capsys
         loads.append(kind)
         return real(name, kind=kind, **kw) if kind == "diarizer" else nm
 
+    fake_sounddevice(monkeypatch)  # device checks pass without PortAudio
     monkeypatch.setattr(devices, "Microphone", fake_microphone(blocks(audio)))
     monkeypatch.setattr(mlx_speech, "load", load)
     assert transcribe.main(["--live", "--diarize", "--diarizer", str(NEMO),
@@ -271,6 +273,7 @@ def test_without_diarize_live_output_is_unchanged(nm, vad, audio, monkeypatch, c
         raise AssertionError("a diarizer session without --diarize")
 
     monkeypatch.setattr(diarize, "SpeakerTracker", no_tracker)
+    fake_sounddevice(monkeypatch)  # device checks pass without PortAudio
     monkeypatch.setattr(devices, "Microphone", fake_microphone(blocks(audio)))
     monkeypatch.setattr(mlx_speech, "load", lambda *a, **k: nm)
     assert transcribe.main(["--live", "--words", "--model", "nm"]) == 0

@@ -10,6 +10,7 @@ import pytest
 import mlx_speech
 from mlx_speech.models import asr
 from tests.conftest import speechlike
+from tests.support.sounddevice_fakes import fake_sounddevice
 from tests.support.turns_audio import BLOCK, blocks, fake_microphone, scene, silero
 from tests.support.turns_audio import turns_offline as _turns_offline
 
@@ -121,6 +122,7 @@ def test_live_cli_ends_lines_at_pauses(nm, vad, monkeypatch, capsys):
     x, _ = scene(("go", "please"), lead_s=0.4, gap_s=0.9, tail_s=0.9, seed=6)
     queue = blocks(x)
 
+    fake_sounddevice(monkeypatch)  # device checks pass without PortAudio
     monkeypatch.setattr(devices, "Microphone", fake_microphone(queue))
     monkeypatch.setattr(mlx_speech, "load", lambda *a, **k: nm)
     assert transcribe.main(["--live", "--timestamps", "--model", "nm"]) == 0

@@ -132,7 +132,9 @@ def test_write_wav_with_voice_and_options(fake, tmp_path, capsys):
                              "--max-frames", "40", "--dtype", "float16", "-o", str(out)], capsys)
     assert code == 0, err
     assert stdout == "" and f"wrote {out} (0.5 s of audio)" in err
-    assert fake.loads == [("mistralai/Voxtral-4B-TTS-2603", {"kind": "tts", "dtype": "float16"})]
+    assert fake.loads == [("mistralai/Voxtral-4B-TTS-2603", {
+        "kind": "tts", "dtype": "float16",
+        "options": {"voice": "casual_male", "text": "Hello. World."}})]  # checked before load
     assert fake.calls[0] == {"text": "Hello. World.", "voice": "casual_male", "seed": 5,
                              "max_frames": 40}
     y, sr = sf.read(out, dtype="float32")

@@ -110,13 +110,9 @@ def test_voxtral_fixed_shapes_keep_the_reference_tokens(vr_model, golden, monkey
 def moshi_long(tmp_path_factory):
     """A Moshi-shaped random LM whose 40-position context a test crosses (24 kHz Mimi)."""
     import mlx_speech.models.moshi as moshi
-    from tests.support.moshi import build_random_lm, kyutai_weights, random_lm_kwargs, write_folder
+    from tests.support.moshi import tiny_kyutai_moshi
 
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, context=40,
-                          delays=[0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1])
-    d = write_folder(tmp_path_factory.mktemp("ml") / "moshi", kw,
-                     kyutai_weights(build_random_lm(kw)))
-    return moshi.load(d)
+    return moshi.load(tiny_kyutai_moshi(tmp_path_factory.mktemp("ml") / "moshi", context=40))
 
 
 def test_moshi_long_session_uses_few_shapes(moshi_long, shape_watch):

@@ -3,9 +3,9 @@
 A GPU builds kernels (and CUDA graphs, cuDNN plans) per input shape, so a stream whose
 attention key length grows with its cache pays a new build every tick of its first seconds.
 The attention caches are allocated at their full left context (zeros in front, masked) and
-batches are padded to powers of two (`batch.PAD_BATCH`, the GPU default), so the shapes that
-reach `mx.fast.scaled_dot_product_attention` (counted by tests/support/kernel_watch.py) are one per
-(batch bucket, frames per call), never one per tick.
+batches are padded to powers of two (`nn.cache.FIXED_SHAPES`, the GPU default), so the shapes
+that reach `mx.fast.scaled_dot_product_attention` (counted by tests/support/kernel_watch.py) are one
+per (batch bucket, frames per call), never one per tick.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_speech.models.nemotron_streaming import batch as nemotron_batch
 from mlx_speech.models.nemotron_streaming import load
+from mlx_speech.nn import cache as nn_cache
 from tests.conftest import speechlike
 
 NEMOTRON = Path(__file__).parents[1] / "golden" / "nemotron"
@@ -55,7 +55,7 @@ def test_a_long_stream_uses_two_attention_shapes(nm, kernels):
 def test_a_batch_joining_and_leaving_uses_few_shapes(nm, kernels, monkeypatch, pad):
     """Seven sessions join and leave over 120 ticks: attention shapes are one per batch size
     (bucketed to powers of two when padding, the GPU default) and frames per call."""
-    monkeypatch.setattr(nemotron_batch, "PAD_BATCH", pad)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", pad)
     starts, secs = [0, 3, 7, 12, 20, 40, 41], [3.0, 2.5, 1.2, 2.8, 1.5, 2.0, 1.0]
     audios = [speechlike(t, seed=k) for k, t in enumerate(secs)]
     sessions = [nm.session(160) for _ in starts]

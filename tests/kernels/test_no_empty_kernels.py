@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from mlx_speech.models.nemotron_streaming import load as load_nemotron
+from mlx_speech.nn import cache as nn_cache
 from tests.conftest import speechlike
 from tests.support.kernel_watch import EmptyKernelInput
 
@@ -53,7 +54,7 @@ def test_the_watch_catches_what_crashed_on_cuda(kernels):
     lin = nn.Linear(32, 24)
     lin(mx.zeros((1, 2, 32)))
     with pytest.raises(EmptyKernelInput, match="addmm"):
-        lin(mx.zeros((1, 0, 32)))  # nemotron_streaming/batch.py _step, 207 times per run
+        lin(mx.zeros((1, 0, 32)))  # nemotron_streaming/step.py _step, 207 times per run
     with pytest.raises(EmptyKernelInput, match="pad"):
         mx.pad(mx.zeros((1, 0, 65, 8)), [(0, 0), (2, 0), (0, 0), (0, 0)])
     with pytest.raises(EmptyKernelInput, match="matmul"):
@@ -339,9 +340,7 @@ def test_sortformer_feed_many_joining_and_leaving(diar, voices, kernels, monkeyp
     """Batched ticks with ragged and empty chunks, sessions joining late and finishing early,
     one with other streaming parameters (stepped in its own group), with and without the GPU
     batch padding: every session's frames are what it gives alone."""
-    from mlx_speech.models.sortformer import streaming
-
-    monkeypatch.setattr(streaming, "PAD_BATCH", pad)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", pad)
     specs = [(voices[: 16000 * 4], [1280], {}),
              (voices[8000: 16000 * 3], [777, 0, 3000], {}),
              (voices[16000 * 2: 16000 * 5], [17, 4000], {}),
@@ -370,7 +369,7 @@ def test_sortformer_feed_many_joining_and_leaving(diar, voices, kernels, monkeyp
     batches = {s[0][0] for s in kernels.shapes("conv2d")}  # rows per step
     assert max(batches) >= 2 and (not pad or batches <= {1, 2, 4, 8})
     kernels.strict = False
-    monkeypatch.setattr(streaming, "PAD_BATCH", False)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", False)
     for (x, _, kw), g in zip(specs, got, strict=True):
         s = diar.session(**kw)
         alone = np.concatenate([s.feed(x), s.finish()])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import MlxSpeechError
-from mlx_speech.models.nemotron_streaming import batch as nemotron_batch
 from mlx_speech.models.nemotron_streaming import load as load_nemotron
+from mlx_speech.nn import cache as nn_cache
 from tests.conftest import speechlike
 from tests.support.voxtral import check_batched_reanchoring
 
@@ -61,16 +61,16 @@ def _check(owner, specs):
         assert text.strip() == ref.text.strip()
 
 
-def _batch_sizes(monkeypatch, model) -> list[int]:
-    """Record the batch size of every decoder forward."""
+def _batch_sizes(monkeypatch, owner) -> list[int]:
+    """Record the batch size of every decoder forward (plain or compiled)."""
     sizes: list[int] = []
-    hidden = type(model).hidden
+    forward = owner.steps._forward
 
-    def spy(self, tokens, *a, **k):
+    def spy(batch, tokens, *a, **k):
         sizes.append(tokens.shape[0])
-        return hidden(self, tokens, *a, **k)
+        return forward(batch, tokens, *a, **k)
 
-    monkeypatch.setattr(type(model), "hidden", spy)
+    monkeypatch.setattr(owner.steps, "_forward", spy)
     return sizes
 
 
@@ -81,7 +81,7 @@ def test_voxtral_feed_many_equals_alone(vr_model, monkeypatch):
              (speechlike(1.3, seed=2), [777, 3000], 0, {"delay_ms": 160}),
              (speechlike(3.2, seed=3), [4000, 1, 2561], 3, {"delay_ms": 960}),
              (speechlike(3.4, seed=4), [1280, 160], 1, {"delay_ms": 160})]
-    sizes = _batch_sizes(monkeypatch, vr_model.model)
+    sizes = _batch_sizes(monkeypatch, vr_model)
     sessions, texts = _drive(vr_model, specs)
     assert max(sizes) == 4 and sum(b > 1 for b in sizes) >= 20  # really batched
     monkeypatch.undo()
@@ -117,7 +117,7 @@ def test_voxtral_batched_work_is_flat(vr_model):
         s.eos = -1  # random weights may emit EOS; this test needs endless sessions
     _probe_flat(vr_model, sessions, (60, 300), lambda s: (
         sum(a.size for r in s.dec_cache + s.enc_state.kv for a in r.state),
-        len(s._audio), len(s._mel_todo), s.dec_cache[0].home.keys.shape))
+        len(s._audio), len(s.mel_todo), s.dec_cache[0].home.keys.shape))
     assert sessions[0].dec_cache[0].home is sessions[2].dec_cache[0].home  # one batch
     assert all(len(s.token_ids) > 250 for s in sessions)
 
@@ -156,7 +156,7 @@ def test_nemotron_live_sessions_joining_late(nm, monkeypatch, pad):
     starts, secs = [0, 3, 7, 12, 20], [3.0, 2.5, 1.2, 2.8, 1.5]
     specs = [(speechlike(t, seed=10 + k), [1280], t0, {"latency_ms": 160})
              for k, (t0, t) in enumerate(zip(starts, secs, strict=True))]
-    monkeypatch.setattr(nemotron_batch, "PAD_BATCH", pad)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", pad)
     sizes = _encoder_batches(monkeypatch, nm.model)
     sessions, _ = _drive(nm, specs)
     if pad:

@@ -59,8 +59,9 @@ def test_a_hub_failure_says_what_to_do_next(tmp_path, monkeypatch):
     assert "\n" not in msg and msg.startswith("cannot fetch 'acme/absent' from the hub")
     assert "HF_HUB_OFFLINE is set and it is not in the local cache" in msg
     for step in ("hf download acme/absent", "HF_HUB_OFFLINE=1",
-                 "--model FOLDER"):
+                 "a local checkpoint folder instead of the repo id"):
         assert step in msg, msg
+    assert "--model" not in msg  # the hint fits every command (convert takes no --model)
     assert mlx_speech  # the package imports nothing heavy for this
 
 

@@ -73,7 +73,7 @@ def test_server_without_its_extra(module, dist, without, no_load, capsys):
 
     without(module)
     line = _one_error_line(capsys, cli.main(["server", "--model", "some/model"]))
-    assert line == f"error: the server needs {dist}: pip install 'mlx-speech[server]'"
+    assert line == f"error: the server needs {dist}: pip install 'mlx-realtime-speech[server]'"
 
 
 def test_make_app_without_fastapi(without, monkeypatch):
@@ -82,7 +82,7 @@ def test_make_app_without_fastapi(without, monkeypatch):
     monkeypatch.delitem(sys.modules, "mlx_speech.server.app", raising=False)  # import it anew
     without("fastapi", "starlette")
     with pytest.raises(MissingDependency, match=r"^the server needs fastapi: pip install "
-                                                r"'mlx-speech\[server\]'$"):
+                                                r"'mlx-realtime-speech\[server\]'$"):
         make_app({})
 
 
@@ -93,7 +93,8 @@ def test_live_audio_without_sounddevice(argv, without, no_load, capsys):
 
     without("sounddevice")
     line = _one_error_line(capsys, cli.main(argv))
-    assert line.startswith("error: live audio needs sounddevice: pip install 'mlx-speech[live]'")
+    assert line.startswith("error: live audio needs sounddevice: pip install "
+                           "'mlx-realtime-speech[live]'")
 
 
 def test_app_preview_without_pillow(without, tmp_path, capsys):
@@ -102,7 +103,7 @@ def test_app_preview_without_pillow(without, tmp_path, capsys):
     without("PIL")
     out = tmp_path / "previews"
     line = _one_error_line(capsys, main(["--preview", str(out)]))
-    assert line == "error: the preview needs pillow: pip install 'mlx-speech[app]'"
+    assert line == "error: the preview needs pillow: pip install 'mlx-realtime-speech[app]'"
     assert not out.exists()
 
 
@@ -112,7 +113,7 @@ def test_app_settings_without_platformdirs(without, monkeypatch):
     monkeypatch.delenv("MLX_SPEECH_APP_CONFIG", raising=False)
     without("platformdirs")
     with pytest.raises(MissingDependency, match=r"needs platformdirs: pip install "
-                                                r"'mlx-speech\[app\]'$"):
+                                                r"'mlx-realtime-speech\[app\]'$"):
         settings_path()
 
 
@@ -123,7 +124,8 @@ def test_menu_bar_app_without_its_platform_packages(without):
     without("AppKit", "Foundation", "Quartz", "ApplicationServices", "AVFoundation",
             "PyObjCTools")
     with pytest.raises(MissingDependency, match=r"^the menu-bar app needs pyobjc-framework-"
-                                                r"Cocoa: pip install 'mlx-speech\[app\]'$"):
+                                                r"Cocoa: pip install "
+                                                r"'mlx-realtime-speech\[app\]'$"):
         macos.run(Settings())
 
 

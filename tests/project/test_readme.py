@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -36,10 +35,7 @@ TIMEOUT_S = 300
 NOT_RUN = {
     "pip install -e '.[live]'": "network: installs packages",
     "pip install -e '.[cpu,live]'": "network: installs packages",
-    "pip install 'mlx-speech[live]'": "network: installs packages",
-    "pip install 'mlx-speech[cpu,live]'": "network: installs packages",
-    "pip install 'mlx-speech[live,server]'": "network: installs packages",
-    "pip install 'mlx-speech[server]'": "network: installs packages",
+    "pip install -e '.[cpu,server]'": "network: installs packages",
     "pip install -e '.[app]'": "network: installs packages",
     "pip install -e '.[cpu,dev]'": "network: installs packages (the CI block; .ci/run runs it)",
     "python -m pytest -q": "the test suite itself (the CI block)",
@@ -223,16 +219,14 @@ def _server(command: str, place) -> None:
     pytest.importorskip("fastapi")
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.support.server import server_process
+
     work, env = place
-    p = subprocess.Popen(argv(command) + ["--port", str(port)], cwd=work, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, port = server_process(argv(command), cwd=work, env=env, stdout=subprocess.DEVNULL)
     try:
         t0, ids = time.time(), None
         while ids is None:
-            assert p.poll() is None, p.communicate()[1][-3000:]
+            assert p.poll() is None, "".join(p.err_lines)[-3000:]
             assert time.time() - t0 < TIMEOUT_S, "the server did not come up"
             try:
                 r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
@@ -243,7 +237,7 @@ def _server(command: str, place) -> None:
                        "mistralai/Voxtral-4B-TTS-2603"]
     finally:
         p.terminate()
-        p.communicate(timeout=30)
+        p.wait(timeout=30)
 
 
 # command -> (check of the result, preparation or None)

@@ -36,20 +36,13 @@ from tests.support.server import (  # noqa: E402
     ServerThread,
     pcm16,
     run,
+    server_process,
     vllm_client,
     wav_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parents[1] / "golden"
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class HostileServer(ServerThread):
@@ -60,10 +53,8 @@ class HostileServer(ServerThread):
         from mlx_speech.server.limits import make_server
 
         self.app, self.engine = make_app(models, **kw)
-        self.port = _free_port()
-        self.server = make_server(self.app, self.engine, "127.0.0.1", self.port,
-                                  header_timeout_s=header_timeout_s, log_level="error")
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.serve(make_server(self.app, self.engine, "127.0.0.1", 0,
+                               header_timeout_s=header_timeout_s, log_level="error"))
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +121,31 @@ def b64(x: np.ndarray) -> str:
 # ---------------------------------------------------------------- 1. the event loop
 
 
-def test_1_rates_are_checked_and_nothing_heavy_runs_on_the_event_loop(srv, models):
+def test_1_rates_are_checked_and_nothing_heavy_runs_on_the_event_loop(srv, models,
+                                                                     monkeypatch):
     """Old: rate 1 (or True, 1000003, 999999937) was taken and resampled on the event loop:
     /health blocked for tens of seconds (or a MemoryError closed the socket silently).
     Now: rates outside 8-48 kHz are refused by an error event, and the worst input a client
     can still send (8 kHz and 44.1 kHz, appends as long as the whole buffer, back to back)
-    leaves /health answering within 100 ms (decoding and resampling run on worker threads,
-    and an append longer than the whole buffer is refused before any of it is decoded)."""
+    leaves /health answering (decoding and resampling run on worker threads, never on the
+    event loop's, and an append longer than the whole buffer is refused before any of it is
+    decoded)."""
+    from mlx_speech.audio.resample import StreamingResampler
+
     lags: list[float] = []
     stop = threading.Event()
+    resampled_on: list[bool] = []  # per resampler feed: did it run on an event loop's thread?
+    feed = StreamingResampler.feed
+
+    def watched(self, x):
+        try:
+            asyncio.get_running_loop()
+            resampled_on.append(True)
+        except RuntimeError:  # no loop in this thread: a worker
+            resampled_on.append(False)
+        return feed(self, x)
+
+    monkeypatch.setattr(StreamingResampler, "feed", watched)
 
     def poll():
         with httpx.Client(timeout=60) as c:
@@ -161,7 +168,9 @@ def test_1_rates_are_checked_and_nothing_heavy_runs_on_the_event_loop(srv, model
                                           "audio": b64(np.full(80, 0.1, np.float32))}))
         for rate in (8000, 44100):
             await ws.send(rate_update(rate))
-            assert json.loads(await ws.recv())["type"] == "session.updated"
+            # the cleared turns' last deltas may still come first (a busy machine)
+            while (ev := json.loads(await ws.recv()))["type"] != "session.updated":
+                assert ev["type"].startswith("conversation.item.input_audio_transcription"), ev
             big = b64(np.resize(speechlike(2.0, seed=1), int(59.9 * rate)))  # a whole buffer
             for _ in range(3):
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
@@ -186,13 +195,15 @@ def test_1_rates_are_checked_and_nothing_heavy_runs_on_the_event_loop(srv, model
     want = ("error", "invalid_request_error", "session.audio.input.format.rate")
     assert codes == [want] * 8
     assert ev["type"] == "error" and ev["error"]["code"] == "buffer_full"
-    # within 100 ms; the client, the poller and the server share one process (and, in CI, a
-    # few loaded cores), so the rare outlier of the OS's scheduling is allowed up to 2 s (the
-    # old server blocked for 35 s on rate 1)
+    # the proof: every resampling of the appends ran on a worker thread, none on the loop's
+    assert resampled_on and not any(resampled_on), resampled_on
+    # and /health kept answering all along. The client, the poller and the server share one
+    # process, on a machine that may be busy with other work: the bound is generous (typical
+    # answers take a few ms; the old server blocked for 35 s on rate 1)
     lags.sort()
     print(f"/health: {len(lags)} answers, p95 {lags[int(0.95 * len(lags))] * 1e3:.1f} ms, "
           f"max {lags[-1] * 1e3:.1f} ms")
-    assert len(lags) > 10 and lags[int(0.95 * len(lags))] < 0.1 and lags[-1] < 2.0, lags[-5:]
+    assert len(lags) > 10 and lags[-1] < 10.0, lags[-5:]
     # the resampling filters' cache holds 16 (rate pair) entries; with rates from the allowed
     # lists each filter is under a megabyte (rate 1000003 made one of 271 MB)
     from math import gcd
@@ -244,11 +255,10 @@ def test_2b_sigterm_exits_within_seconds_with_work_pending(tmp_path):
     """Old: with a non-streamed speech request pending, SIGTERM waited forever ("Waiting for
     background tasks to complete"). Now every engine job fails at once and the process
     exits within a few seconds."""
-    port = _free_port()
     env = {"PYTHONPATH": str(ROOT), **os.environ}
-    p = subprocess.Popen([sys.executable, "-m", "mlx_speech.server", "--model",
-                          str(GOLDEN / "voxtral_tts" / "ckpt"), "--port", str(port), "--no-vad"],
-                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p, port = server_process([sys.executable, "-m", "mlx_speech.server", "--model",
+                              str(GOLDEN / "voxtral_tts" / "ckpt"), "--no-vad"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:
         t0 = time.time()
         while True:
@@ -622,7 +632,7 @@ def test_8_health_key_sources_and_refusals_that_say_why(models, monkeypatch, tmp
 
     def key_of(argv):
         seen.clear()
-        assert srv_mod.main(["--model", "m", "--no-vad", *argv]) == 0
+        assert srv_mod.main(["--model", "m", "--no-vad", "--port", "0", *argv]) == 0
         return seen["app"].state.served.api_key
 
     assert key_of(["--api-key-file", str(f)]) == "from-file"

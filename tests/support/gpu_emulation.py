@@ -15,6 +15,10 @@ in (sources: ../shared/research/mlx-backends.md, MLX 0.32 kernels):
 * `TieOrderNumpy`: numpy's `argsort` / `lexsort` with ties in another order, for host code
   that must not depend on it (Sortformer's speaker-cache compression; NeMo's `torch.topk`
   keeps no order among ties).
+
+`gpu_rope` and `gpu_order` read array values on the host, which a compiled step's trace cannot
+(mlx_speech.nn.compiled): under them the steps run plainly (MLX_SPEECH_COMPILE=0), through the
+same clocks and inputs the compiled steps take.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ def emulated_rope(x: mx.array, dims: int, *, traditional: bool, base: float | No
 @pytest.fixture
 def gpu_rope(monkeypatch):
     """Every `mx.fast.rope` call computes positions as the GPU kernels do."""
+    monkeypatch.setenv("MLX_SPEECH_COMPILE", "0")
     monkeypatch.setattr(mx.fast, "rope", emulated_rope)
     return emulated_rope
 
@@ -172,6 +177,7 @@ def gpu_order(monkeypatch):
     """Call with an order name to make MLX's partitions/sorts return that order."""
 
     def use(order: str) -> None:
+        monkeypatch.setenv("MLX_SPEECH_COMPILE", "0")
         argpartition, partition, argsort = ordered_ops(order)
         monkeypatch.setattr(mx, "argpartition", argpartition)
         monkeypatch.setattr(mx, "partition", partition)

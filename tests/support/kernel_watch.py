@@ -10,6 +10,10 @@ call that passes a zero-size array, so the traceback names the line to fix.
 
 It also records the input shapes of every call (`watch.shapes("scaled_dot_product_attention")`):
 a GPU builds kernels and graphs per shape, so a stream should use a small fixed set.
+
+Compiled steps (mlx_speech/nn/compiled.py) call these functions while they are traced, with
+the real shapes; `install` drops every compiled graph first, so each step shape a test runs is
+traced (and watched) again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
+
+from mlx_speech.nn import compiled
 
 _ARRAY = mx.array
 
@@ -70,6 +76,7 @@ class KernelWatch:
 
 
 def install(monkeypatch, watch: KernelWatch) -> KernelWatch:
+    compiled.reset()
     for name in CORE:
         if hasattr(mx, name):
             monkeypatch.setattr(mx, name, watch.wrap(getattr(mx, name), name))

@@ -127,7 +127,21 @@ def build_random_lm(kw: dict, seed: int = 0):
     return lm
 
 
-def tiny_kyutai_moshi(dest: Path) -> Path:
-    """A tiny random Moshi folder in Kyutai's layout (card 64, 16 codebooks, depformer 8)."""
-    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS)
+def tiny_kyutai_moshi(dest: Path, **over) -> Path:
+    """A tiny random Moshi folder in Kyutai's layout (card 64, 16 codebooks, depformer 8;
+    `over`: other LM settings, e.g. a `context` a test crosses)."""
+    kw = random_lm_kwargs(card=64, n_q=16, dep_q=8, delays=DELAYS, **over)
     return write_folder(dest, kw, kyutai_weights(build_random_lm(kw)))
+
+
+def spy_inputs(gen) -> list:
+    """Records the token column each main-transformer step of an LMGen `gen` sees (on the
+    host, so compiled steps are seen too)."""
+    seen, real = [], gen._forward
+
+    def forward(x):
+        seen.append(x)
+        return real(x)
+
+    gen._forward = forward
+    return seen

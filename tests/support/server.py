@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,15 @@ DEADLINE_S = 60.0  # bound on every wait for the server (never hit when things w
 KEY = "test-key"  # the API key of tests/server/test_server.py's server; vllm_client's default
 
 
+def loopback_socket() -> socket.socket:
+    """A listening socket on a port the system picks, kept open for the server to serve on:
+    no window in which another process could take the port (nor any fixed port)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(128)
+    return s
+
+
 class ServerThread:
     """uvicorn in a thread on a free loopback port; always shut down."""
 
@@ -30,13 +40,16 @@ class ServerThread:
         import uvicorn
 
         self.app, self.engine = make_app(models, **kw)
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.serve(uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
+                                                 log_level="error")))
+
+    def serve(self, server) -> None:
+        """Run `server` (a uvicorn.Server) on a loopback socket bound now."""
+        self.sock = loopback_socket()
+        self.port = self.sock.getsockname()[1]
+        self.server = server
+        self.thread = threading.Thread(target=server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
 
     def __enter__(self):
         self.thread.start()
@@ -50,6 +63,7 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(DEADLINE_S)
         self.engine.stop()
+        self.sock.close()
 
     @property
     def base(self) -> str:
@@ -58,6 +72,39 @@ class ServerThread:
     @property
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
+
+
+def server_process(command: list[str], **popen) -> tuple[subprocess.Popen, int]:
+    """A server command (`python -m mlx_speech.server ...`) run with `--port 0`: the process
+    and the port it bound, read from its "the page: http://...:PORT/" line (waited for, twice
+    DEADLINE_S at most). Its stderr keeps being read (into `proc.err_lines`), so the server
+    never blocks writing to it."""
+    import queue
+    import re
+
+    proc = subprocess.Popen([*command, "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            **popen)
+    proc.err_lines = []
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stderr:
+            proc.err_lines.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    t0 = time.time()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, 2 * DEADLINE_S - (time.time() - t0)))
+        except queue.Empty:
+            line = None
+        if line is None:
+            proc.kill()
+            raise AssertionError("the server did not start: " + "".join(proc.err_lines)[-3000:])
+        if m := re.search(r"the page: http://[^:/]+:(\d+)/", line):
+            return proc, int(m.group(1))
 
 
 def wav_bytes(x: np.ndarray, sr: int = 16000) -> bytes:

@@ -4,7 +4,9 @@ GPU backends build kernels and graphs per input shape (cuDNN caches them by exac
 stream must use a small fixed set of shapes, not one per tick. `ShapeWatch` wraps
 `mx.fast.scaled_dot_product_attention` and the `update_and_fetch` of the cache classes and
 records each call's signature: the shapes (and dtypes) of its array arguments and the mask's
-form ("causal", None or an array's shape).
+form ("causal", None or an array's shape). Compiled steps (mlx_speech/nn/compiled.py) reach
+both while traced: a watch drops every compiled graph when it starts, so each shape a test
+runs is traced (and seen) again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections import defaultdict
 import mlx.core as mx
 import pytest
 
-from mlx_speech.nn.cache import RingBatch, SlidingKVCache
+from mlx_speech.nn import compiled
+from mlx_speech.nn.cache import RingBatch, RingStep, SlidingKVCache
 from mlx_speech.nn.transformer import KVCache
 
 
@@ -28,11 +31,12 @@ def _sig(x):
 
 class ShapeWatch:
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        compiled.reset()
         self.seen: dict[str, set] = defaultdict(set)
         self.calls: dict[str, int] = defaultdict(int)
         self._wrap(monkeypatch, mx.fast, "scaled_dot_product_attention", "attention",
                    method=False)
-        for cls in (RingBatch, SlidingKVCache, KVCache):
+        for cls in (RingBatch, RingStep, SlidingKVCache, KVCache):
             self._wrap(monkeypatch, cls, "update_and_fetch", "cache", method=True)
 
     def _wrap(self, monkeypatch, owner, name: str, label: str, method: bool) -> None:

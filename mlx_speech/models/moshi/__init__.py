@@ -33,7 +33,7 @@ from .config import (
     LmConfig,
     personaplex_mlx_kwargs,
 )
-from .gen import KyutaiGen, PersonaPlexGen, Sampling, StepOut
+from .gen import CompiledLm, KyutaiGen, PersonaPlexGen, Sampling, StepOut
 from .lm import LM, LmState
 from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
 from .session import DEFAULT_USER_LAG, DuplexSession
@@ -109,11 +109,37 @@ class Moshi:
     family = "moshi"
     name = "Moshi / PersonaPlex full-duplex"
 
+    @staticmethod
+    def check_session_options(folder: str | os.PathLike, what: str, voice=None, role=None,
+                              **_) -> None:
+        """Session options checked from the checkpoint's files before its weights are read
+        (`mlx_speech.load(..., options=...)`): voice and role prompts need a PersonaPlex
+        checkpoint (from its config), and a voice name must be one of its voices (once they are
+        there: a hub repo's come with its weights)."""
+        folder = Path(folder)
+        raw = read_json(folder / "config.json") if (folder / "config.json").exists() else None
+        if raw is not None and raw.get("model_type") == "personaplex":
+            lm = personaplex_mlx_kwargs(raw)
+        else:
+            lm = CheckpointFiles.from_config(raw).lm
+        prompts = LmConfig.from_dict(lm).personaplex
+        if (voice is not None or role) and not prompts:
+            raise MlxSpeechError(f"{what} is a Kyutai Moshi model: voice and role prompts need a "
+                                 "PersonaPlex checkpoint (e.g. nvidia/personaplex-7b-v1)")
+        if voice is not None and not Path(voice).expanduser().is_file() and (
+                (folder / "voices").is_dir() or (folder / "voices.tgz").is_file()):
+            known = list_voices(voice_dir(folder))
+            if str(voice) not in known:
+                raise MlxSpeechError(f"unknown voice {str(voice)!r} (known: "
+                                     f"{', '.join(sorted(known)) or 'none in this checkpoint'}; "
+                                     "or pass a .pt, .safetensors or audio file)")
+
     def __init__(self, lm: LM, mimi, tokenizer: TextTokenizer, gen_config: GenConfig | None = None,
                  voices: dict[str, Path] | None = None):
         self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
         self.config: LmConfig = lm.config
         self.gen_config = gen_config or GenConfig()
+        self.steps = CompiledLm(lm)  # the LM's compiled streaming steps, shared by sessions
         self._voices = dict(voices or {})
         c = self.config
         if mimi.num_codebooks < max(c.n_agent, c.n_user):
@@ -246,7 +272,7 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     return Moshi(lm, mimi, tok, GenConfig.from_dict(files.lm_gen), voices)
 
 
-def _moshi_type(model_type: str) -> None:
+def _moshi_type(model_type: str, folder=None) -> None:
     """A hub repo's type, checked before its weights are downloaded."""
     if model_type not in ("moshi", "personaplex"):
         raise CheckpointError(f"a {model_type!r} checkpoint is not a Moshi / PersonaPlex model")
@@ -276,3 +302,4 @@ def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) 
         raise CheckpointError(f"{paths['mimi']}: {e}") from None
     tok = TextTokenizer.from_file(paths["tokenizer"])
     return Moshi(lm, mimi, tok, GenConfig(), list_voices(voice_dir(folder)))
+

@@ -21,13 +21,17 @@ on token values, so all the bookkeeping runs on the host without a device sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
 
 from ...errors import CheckpointError
+from ...nn.cache import RingStep, fixed_shapes, ring_mask_kind
+from ...nn.compiled import CompiledStep, enabled
 from ...nn.sampling import sample
 from .config import GenConfig, LmConfig
+from .lm import LmState
 
 UNGENERATED = -2  # sentinel of the reference caches; never fed to the model
 TEXT_PAD = 3  # PersonaPlex's "zero text code" during prompts
@@ -56,10 +60,65 @@ class StepOut:
     text: mx.array | None
 
 
+class _StepState:
+    """The temporal transformer's TransformerState inside a compiled step: the stream position
+    an int32 array, the rings RingSteps (their clock arrays), so the trace never changes with
+    the position."""
+
+    def __init__(self, batch: int, offset: mx.array, layers: list[RingStep]):
+        self.batch, self.offset, self.layers = batch, offset, layers
+
+    def mask(self, length: int):
+        return self.layers[0].make_mask(length)
+
+
+def temporal_graph(lm, tokens: mx.array, keys: list[mx.array], values: list[mx.array],
+                   offset: mx.array, kind: str | None, capacity: int, window: int,
+                   start: mx.array):
+    """One temporal step (tokens [B, K, 1]) as a pure graph: (z, text logits, new keys,
+    new values); `offset` the stream position (int32 scalar), `kind` its ring mask's form,
+    `start` its ring slot ((1,) int32)."""
+    views = [RingStep(k, v, offset, offset, capacity, window, None, kind, start)
+             for k, v in zip(keys, values, strict=True)]
+    z, text_logits = lm.forward_tokens(tokens, LmState(_StepState(tokens.shape[0], offset,
+                                                                  views), None))
+    return z, text_logits, [r.keys for r in views], [r.values for r in views]
+
+
+def depformer_loop(lm, dep, z: mx.array, text: mx.array, keys: list[mx.array | None],
+                   forced: list[mx.array | None], temp: float, top_k: int) -> list[mx.array]:
+    """The depformer's sub-steps of one frame over the (reset) state `dep`: sub-step k samples
+    codebook k with `keys[k]`; a forced token replaces the sample as the next input."""
+    prev, out = text, []
+    for k, key in enumerate(keys):
+        logits = lm.depformer_logits(k, prev, z, dep)
+        tok = sample(logits, temp, top_k, key)
+        out.append(tok)
+        prev = tok if forced[k] is None else forced[k]
+    return out
+
+
+def depformer_graph(lm, z, text, keys, forced, temp, top_k, _fixed):
+    """`depformer_loop` as a pure graph: over a fresh depformer state (the slots a reset state
+    keeps from the last frame are masked, so they never count)."""
+    dep = lm.depformer.make_state(z.shape[0], lm.config.dep_q)
+    return depformer_loop(lm, dep, z, text, keys, forced, temp, top_k)
+
+
+class CompiledLm:
+    """One LM's streaming steps compiled at their shapes (nn.compiled), shared by every
+    session over it: the temporal step and the whole depformer loop of a frame."""
+
+    def __init__(self, lm):
+        self.temporal = CompiledStep(partial(temporal_graph, lm), "moshi.temporal")
+        self.depformer = CompiledStep(partial(depformer_graph, lm), "moshi.depformer")
+
+
 class _GenBase:
     def __init__(self, lm, config: LmConfig, sampling: Sampling, seed: int, batch: int,
-                 columns: int):
+                 columns: int, steps: CompiledLm | None = None):
         self.lm, self.config, self.sampling = lm, config, sampling
+        self.steps = steps or CompiledLm(lm)
         self.batch = batch
         self.state = lm.make_state(batch)
         self.rng = _Rng(seed)
@@ -93,18 +152,37 @@ class _GenBase:
         return sample(text_logits[:, -1], s.temp_text, s.top_k_text,
                       self.rng.next() if s.temp_text > 0 else None)
 
+    def _forward(self, x: mx.array):
+        """The temporal step over input tokens [B, K, 1]: (z, text logits); compiled once
+        the rings hold slots (the first step allocates them plainly)."""
+        main = self.state.main
+        n = [c.prepare(1) for c in main.layers][0] if enabled() else None
+        if n is None:
+            return self.lm.forward_tokens(x, self.state)
+        kind = ring_mask_kind([main.offset], 1, n, main.capacity, main.window)
+        z, text_logits, keys, values = self.steps.temporal(
+            (x.shape, n, kind), x, [c.keys for c in main.layers],
+            [c.values for c in main.layers], mx.array(main.offset, mx.int32), kind,
+            main.capacity, main.window, mx.array([main.offset % main.capacity], mx.int32))
+        for c, k, v in zip(main.layers, keys, values, strict=True):
+            c.advance(k, v, 1)
+        main.offset += 1
+        return z, text_logits
+
     def _depformer(self, z: mx.array, text: mx.array, n_run: int,
                    forced: list[mx.array | None]) -> list[mx.array]:
-        """Sub-steps 0..n_run-1; a forced token replaces the sample as the next input."""
+        """Sub-steps 0..n_run-1 (one compiled graph per frame shape); a forced token
+        replaces the sample as the next input."""
         s = self.sampling
+        keys = [self.rng.next() if s.temp > 0 else None for _ in range(n_run)]
+        forced = list(forced[:n_run])
+        if enabled() and n_run:
+            key = (z.shape, n_run, tuple(f is None for f in forced), s.temp > 0, s.temp,
+                   s.top_k, fixed_shapes())
+            return self.steps.depformer(key, z, text, keys, forced, s.temp, s.top_k,
+                                        fixed_shapes())
         self.state.dep.reset()
-        prev, out = text, []
-        for k in range(n_run):
-            logits = self.lm.depformer_logits(k, prev, z, self.state.dep)
-            tok = sample(logits, s.temp, s.top_k, self.rng.next() if s.temp > 0 else None)
-            out.append(tok)
-            prev = tok if forced[k] is None else forced[k]
-        return out
+        return depformer_loop(self.lm, self.state.dep, z, text, keys, forced, s.temp, s.top_k)
 
     def _tokens(self, ids) -> list[mx.array]:
         """[B, n, 1] (mx or numpy) -> n arrays of [B] int32."""
@@ -119,10 +197,10 @@ class KyutaiGen(_GenBase):
     """Kyutai `LMGen` (moshi 0.2.13), greedy when a temperature is 0."""
 
     def __init__(self, lm, config: LmConfig, sampling: Sampling, *, user_lag: int = 0,
-                 seed: int = 0, batch: int = 1):
+                 seed: int = 0, batch: int = 1, steps: CompiledLm | None = None):
         if user_lag not in (0, 1):
             raise ValueError(f"user_lag must be 0 or 1, got {user_lag}")
-        super().__init__(lm, config, sampling, seed, batch, config.max_delay + 2)
+        super().__init__(lm, config, sampling, seed, batch, config.max_delay + 2, steps)
         self.user_lag = user_lag
         self._prev_user: list[mx.array] | None = None
 
@@ -143,7 +221,7 @@ class KyutaiGen(_GenBase):
         col = [self._initial[k] if o <= d else a
                for k, (d, a) in enumerate(zip(self.delays, self.cache[o % CT], strict=True))]
         x = self._column(o % CT, "input", col)
-        z, text_logits = self.lm.forward_tokens(x, self.state)
+        z, text_logits = self._forward(x)
         text = self._sample_text(text_logits)
         audio = self._depformer(z, text, cfg.dep_q, [None] * cfg.dep_q)
         self.offset = o = o + 1
@@ -162,8 +240,8 @@ class PersonaPlexGen(_GenBase):
     """NVIDIA PersonaPlex `LMGen` with forced ("provided") tokens (spec §9.1)."""
 
     def __init__(self, lm, config: LmConfig, sampling: Sampling, *, seed: int = 0,
-                 batch: int = 1):
-        super().__init__(lm, config, sampling, seed, batch, config.max_delay + 3)
+                 batch: int = 1, steps: CompiledLm | None = None):
+        super().__init__(lm, config, sampling, seed, batch, config.max_delay + 3, steps)
         self.provided = np.zeros((self.columns, config.num_codebooks), dtype=bool)
 
     def _write(self, first: int, toks: list[mx.array]) -> None:
@@ -234,7 +312,7 @@ class PersonaPlexGen(_GenBase):
         if pos is None:
             return None
         inp, tgt = pos
-        z, text_logits = self.lm.forward_tokens(self._column(inp, "input"), self.state)
+        z, text_logits = self._forward(self._column(inp, "input"))
         return self._process(z, text_logits, inp, tgt)
 
     def step_embeddings(self, e: mx.array) -> StepOut:

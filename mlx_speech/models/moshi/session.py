@@ -44,14 +44,14 @@ class DuplexSession:
             if lag != 1:
                 raise MlxSpeechError("PersonaPlex consumes user audio one frame late (its "
                                      "LMGen); user_lag=0 is only available for Kyutai models")
-            self.gen = PersonaPlexGen(d.lm, cfg, sampling, seed=seed)
+            self.gen = PersonaPlexGen(d.lm, cfg, sampling, seed=seed, steps=d.steps)
             ids = d.tokenizer.encode(wrap_system(role)) if role else None
             silence = int(SILENCE_SECONDS * d.mimi.frame_rate)
             self.prompt_forwards = run_prompt(self.gen, voice, ids, silence)
         else:
             if voice is not None or role:
                 raise MlxSpeechError("voice and role prompts need a PersonaPlex checkpoint")
-            self.gen = KyutaiGen(d.lm, cfg, sampling, user_lag=lag, seed=seed)
+            self.gen = KyutaiGen(d.lm, cfg, sampling, user_lag=lag, seed=seed, steps=d.steps)
         self._text = d.tokenizer.stream()
         self._pending = ""
 

@@ -21,12 +21,12 @@ from ..base import Latency, parameter_bytes
 from ..loading import fill, read_weights, weight_files
 from ..nemo.checkpoint import read_archive
 from ..nemo.features import NemoLogMel
-from . import batch
 from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
 from .languages import Languages, check_language
 from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
 from .nemo import read_nemo
 from .session import Session, Transcript
+from .step import Steps
 from .transducer import Model
 from .weights import is_nemo_mlx, remap, remap_nemo_mlx
 
@@ -67,7 +67,7 @@ class NemotronStreaming(StreamingASR):
         default = (config.encoder.default_right_context + 1) * FRAME_MS
         if default in self.latency.choices_ms:
             self.latency = replace(self.latency, default_ms=default)
-        self._calls = 0  # batched encoder calls, for periodic mx.clear_cache
+        self.steps = Steps(model)  # the batched step every session goes through
         self.languages_info: Languages | None = None
         self.language_tags: dict[int, str] = {}  # token id -> the locale of its tag
         if config.num_prompts:
@@ -122,7 +122,7 @@ class NemotronStreaming(StreamingASR):
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
         mels = [s.mel.feed(x) for s, x in zip(sessions, audios, strict=True)]
-        return batch.run(self, sessions, [m if len(m) else None for m in mels], final=False)
+        return self.steps.run(sessions, [m if len(m) else None for m in mels], final=False)
 
     def _finish_batch(self, sessions: list[Session]) -> list[str]:
         live = [s for s in sessions if not s.finished]
@@ -131,8 +131,8 @@ class NemotronStreaming(StreamingASR):
             s.finished = True
             mel = s.mel.finish()
             mels.append(mel if s.mel.emitted else None)
-        texts = batch.run(self, live, mels, final=True)
-        out = {id(s): t + s._detok.flush() for s, t in zip(live, texts, strict=True)}
+        texts = self.steps.run(live, mels, final=True)
+        out = {id(s): t + s.detok.flush() for s, t in zip(live, texts, strict=True)}
         mx.clear_cache()
         return [out.get(id(s), "") for s in sessions]
 
@@ -165,7 +165,7 @@ def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     raise CheckpointError(f"{folder} has no tokenizer.json or tokenizer.model")
 
 
-def check_options(configs: Path, language: str | None = None, **_) -> None:
+def check_load_options(configs: Path, language: str | None = None, **_) -> None:
     """`language` against the checkpoint's languages, from its configs alone (a `.nemo`'s
     model_config.yaml; a folder's config.json and processor_config.json): a one-line error
     before any weights are read or downloaded."""
@@ -218,7 +218,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     """
     path = Path(path)
     converted = False
-    check_options(path, language)  # before any weights are read
+    check_load_options(path, language)  # before any weights are read
     if path.is_file() and path.suffix == ".nemo":
         nemo_config, weights, tok = read_nemo(path)
         c = nemo_config_json(nemo_config)

@@ -214,12 +214,15 @@ class Encoder(nn.Module):
         )
 
     def __call__(self, mel: mx.array | None, right_context: int | None = None,
-                 state: EncoderState | None = None, final: bool = False) -> mx.array | None:
+                 state: EncoderState | None = None, final: bool = False,
+                 layers=None) -> mx.array | None:
         """(B, T, n_mels) mel -> (B, T', hidden) encoder frames, or None for no frame.
 
         Offline (`state=None`): all frames of the utterance. Streaming: only frames
         whose block is complete; `final=True` flushes the rest exactly as offline. An empty
-        or None `mel` is no new input; no zero-size array reaches a kernel.
+        or None `mel` is no new input; no zero-size array reaches a kernel. `layers`: what
+        runs the conformer layers over the state's caches (`run_layers`'s signature; a
+        compiled step), default `run_layers`.
         """
         c = self.config
         r = state.right_context if state is not None else right_context
@@ -266,8 +269,17 @@ class Encoder(nn.Module):
             pos_keys = [layer.self_attn.project_positions(pos) for layer in self.layers]
             if state is not None:
                 state.pos_shape, state.pos_keys = shape, pos_keys
-        kv = state.kv if state is not None else [None] * len(self.layers)
-        conv = state.conv if state is not None else [None] * len(self.layers)
+        if state is None:
+            return self.run_layers(x, pos_keys, mask)
+        return (layers or self.run_layers)(x, pos_keys, mask, state.kv, state.conv)
+
+    def run_layers(self, x: mx.array, pos_keys: list[mx.array], mask: mx.array | None,
+                   kv: list[ContextKVCache] | None = None,
+                   conv: list[ConvCache] | None = None) -> mx.array:
+        """The conformer layers over (B, T, hidden) frames with their caches (None:
+        offline)."""
+        kv = kv or [None] * len(self.layers)
+        conv = conv or [None] * len(self.layers)
         for layer, p, k, cv in zip(self.layers, pos_keys, kv, conv, strict=True):
             x = layer(x, p, mask, k, cv)
         return x

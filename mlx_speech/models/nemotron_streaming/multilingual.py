@@ -12,10 +12,10 @@ load) and the family's loader.
 from __future__ import annotations
 
 from ..base import Latency
-from . import NemotronStreaming, check_options, load, weight_patterns
+from . import NemotronStreaming, check_load_options, load, weight_patterns
 from .languages import release_codes, release_prompts
 
-__all__ = ["LATENCY_MS", "Nemotron35Streaming", "check_options", "load", "weight_patterns"]
+__all__ = ["LATENCY_MS", "Nemotron35Streaming", "check_load_options", "load", "weight_patterns"]
 
 # streaming latency -> right context (frames): the seed model's modes and 320 ms (r = 3)
 LATENCY_MS = {1120: 13, 560: 6, 320: 3, 160: 1, 80: 0}

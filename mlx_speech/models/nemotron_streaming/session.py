@@ -1,4 +1,4 @@
-"""Streaming transcription session (stepped by batch.py through the owner's feed_many)."""
+"""Streaming transcription session (stepped by step.py through the owner's feed_many)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class Session:
         self.n_frames = 0  # encoder frames decoded so far
         self.finished = False
         self.done = False  # RNN-T has no end-of-stream token; same interface as Voxtral
-        self._detok = StreamingDecoder(owner.tokenizer)
+        self.detok = StreamingDecoder(owner.tokenizer)
 
     def feed(self, samples: np.ndarray) -> str:
         """Append 16 kHz mono samples; returns the text decoded since the last call."""

@@ -23,6 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from ... import DISTRIBUTION
 from ...converted import weight_files
 from ...errors import CheckpointError, MlxSpeechError
 from ..loading import fill, read_config, read_weights
@@ -48,7 +49,7 @@ def packaged_weights() -> Path:
     """Silero's release model as shipped inside mlx_speech (`data/silero_vad.onnx`)."""
     if not PACKAGED.is_file():
         raise CheckpointError(f"the Silero VAD weights shipped with mlx_speech are missing "
-                              f"({PACKAGED}): reinstall mlx-speech, or {_HOW}")
+                              f"({PACKAGED}): reinstall {DISTRIBUTION}, or {_HOW}")
     return PACKAGED
 
 
@@ -98,6 +99,9 @@ def _find(path: str | os.PathLike | None) -> Path:
                                   "(silero_vad_16k.safetensors) or Silero's .onnx model")
         return p
     if not p.exists():
+        if p.suffix in (".onnx", ".safetensors") or str(path).startswith(("/", ".", "~")):
+            what = "file" if p.suffix else "file or folder"
+            raise CheckpointError(f"no such {what}: {path} (the Silero VAD weights: {_HOW})")
         from ...hub import resolve
 
         p = resolve(str(path), lambda kind, folder: weight_patterns(folder))

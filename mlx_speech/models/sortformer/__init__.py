@@ -3,20 +3,23 @@ who spoke when, up to 4 speakers, in arrival order, offline or streamed."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 from ...audio.io import check_audio, load_audio
+from ...nn.compiled import CompiledStep
 from ..base import check_sessions, checked_pairs, parameter_bytes
 from ..loading import fill, read_config, read_weights, weight_files
 from ..nemo.checkpoint import read_archive
 from ..nemo.features import NemoLogMel
+from ..stepper import Batch, Stepper
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer
 from .session import Diarization, DiarizerSession, Segment, segments, speaker_at
-from .streaming import init_state, step
+from .streaming import Chunk, init_state, network, step
 from .weights import remap
 
 __all__ = ["Diarization", "DiarizerSession", "Segment", "SortformerDiarizer", "load",
@@ -39,6 +42,9 @@ class SortformerDiarizer:
     def __init__(self, model: Sortformer, config: SortformerConfig):
         self.model, self.config = model, config
         self.features = NemoLogMel(config.n_mels)
+        # sessions with other streaming parameters step separately
+        self.stepper = Stepper(self._step, key=lambda s, chunk: id(s.config))
+        self.network = CompiledStep(partial(network, model), "sortformer.step")
 
     @property
     def sample_rate(self) -> int:
@@ -67,45 +73,40 @@ class SortformerDiarizer:
         Input is checked before any session is fed."""
         sessions, audios = checked_pairs(self, pairs)
         for s, x in zip(sessions, audios, strict=True):
-            s._push(s.mel.feed(x))
-        return self._run(sessions, final=False)
+            s.push(s.mel.feed(x))
+        return self.advance(sessions, final=False)
 
     def finish_many(self, sessions: list[DiarizerSession]) -> list[np.ndarray]:
         """End each session's audio; returns its remaining frames."""
         check_sessions(self, sessions)
         live = [s for s in sessions if not s.finished]
         for s in live:
-            s._push(s.mel.finish())
+            s.push(s.mel.finish())
             s.finished = True
-        out = dict(zip(map(id, live), self._run(live, final=True), strict=True))
+        out = dict(zip(map(id, live), self.advance(live, final=True), strict=True))
         empty = np.zeros((0, self.n_speakers), np.float32)
         return [out.get(id(s), empty) for s in sessions]
 
-    def _run(self, sessions: list[DiarizerSession], final: bool) -> list[np.ndarray]:
-        pending = {id(s): [] for s in sessions}
+    def _step(self, batch: Batch[DiarizerSession], chunks: list[Chunk]) -> list[np.ndarray]:
+        states = Batch([s.state for s in batch.streams], batch.size)
+        probs = step(self.model, batch.streams[0].config, states, chunks, self.network)
+        for s, p in zip(batch.streams, probs, strict=True):
+            s.frames += len(p)
+        return probs
+
+    def advance(self, sessions: list[DiarizerSession], final: bool) -> list[np.ndarray]:
+        """Step every chunk the sessions have ready (with `final`, the last ones too), the
+        sessions batched; returns each session's new frames (n, n_spk)."""
         queues = {}
         for s in sessions:
             q = []
-            while (ch := s._next_chunk(final)) is not None:
+            while (ch := s.next_chunk(final)) is not None:
                 q.append(ch)
             queues[id(s)] = q
-        r = 0
-        while True:
-            batch = [(s, queues[id(s)][r]) for s in sessions if r < len(queues[id(s)])]
-            if not batch:
-                break
-            groups = {}  # sessions with other streaming parameters step separately
-            for s, ch in batch:
-                groups.setdefault(id(s.config), []).append((s, ch))
-            for group in groups.values():
-                probs = step(self.model, group[0][0].config, [s.state for s, _ in group],
-                             [ch for _, ch in group])
-                for (s, _), p in zip(group, probs, strict=True):
-                    pending[id(s)].append(p)
-                    s.frames += len(p)
-            r += 1
+        out = self.stepper.run(sessions, lambda s: queues[id(s)].pop(0)
+                               if queues[id(s)] else None)
         empty = np.zeros((0, self.n_speakers), np.float32)
-        return [np.concatenate(pending[id(s)]) if pending[id(s)] else empty for s in sessions]
+        return [np.concatenate(out[id(s)]) if out[id(s)] else empty for s in sessions]
 
     def _audio(self, audio, sample_rate: int) -> np.ndarray:
         if isinstance(audio, (str, Path)):

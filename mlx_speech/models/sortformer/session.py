@@ -2,8 +2,9 @@
 
 A session turns samples into NeMo's mel frames exactly (any chunking gives the offline
 frames), cuts them into NeMo's streaming chunks (`chunk_bounds`) as soon as a chunk and its
-right context are available, and advances its `StreamState`. `Sortformer.feed_many` steps many
-sessions together: round r batches the r-th ready chunk of every session that has one.
+right context are available, and advances its `StreamState`. `SortformerDiarizer.feed_many` steps
+many sessions together (`models/stepper.py`): round r batches the r-th ready chunk of every
+session that has one.
 """
 
 from __future__ import annotations
@@ -107,15 +108,15 @@ class DiarizerSession:
         the other): parity tests feed NeMo's own features this way."""
         if self.mel.n_samples:
             raise ValueError("this session was fed samples")
-        self._push(np.asarray(mel, np.float32))
-        return self.owner._run([self], final=False)[0]
+        self.push(np.asarray(mel, np.float32))
+        return self.owner.advance([self], final=False)[0]
 
-    def _push(self, mel: np.ndarray) -> None:
+    def push(self, mel: np.ndarray) -> None:
         if len(mel):
             self.buf = np.concatenate([self.buf, mel])
             self.n_mel += len(mel)
 
-    def _next_chunk(self, final: bool) -> Chunk | None:
+    def next_chunk(self, final: bool) -> Chunk | None:
         bounds = chunk_bounds(self.start, self.n_mel, self.config, final)
         if bounds is None:
             return None

@@ -38,24 +38,18 @@ apart from the first of them on (docs/diarization.md, "Known differences").
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
 
+from ..stepper import Batch
 from .config import SortformerConfig
 from .model import Sortformer, conv_out_len
 
 SUB = 8  # mel frames per diarization frame
-# Pad a step's batch to a power of two with copies of its first row (dropped after the step):
-# GPU backends build a graph per input shape, so a server's changing stream count then reuses a
-# few shapes (as Nemotron's batches do). On the CPU a padded row costs a real one: None = GPU only.
-PAD_BATCH: bool | None = None
-
-
-def _padded(n: int) -> int:
-    on = PAD_BATCH if PAD_BATCH is not None else mx.default_device().type == mx.DeviceType.gpu
-    return 1 << (n - 1).bit_length() if on else n
 
 
 @dataclass
@@ -168,16 +162,33 @@ def compress(preds: np.ndarray, c: SortformerConfig) -> tuple[np.ndarray, np.nda
     return np.where(disabled, 0, frames), disabled
 
 
-def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
-         chunks: list[Chunk]) -> list[np.ndarray]:
-    """Advance each stream by one chunk (one batched network call); returns each chunk's
-    speaker probabilities (its `chunk` frames, n_spk) as float32 numpy."""
+def network(model: Sortformer, mel: mx.array, mel_len: mx.array, buffers: mx.array,
+            gather: mx.array, lengths: mx.array) -> tuple[mx.array, mx.array]:
+    """A step's network call, one pure graph (compiled per shape, `nn.compiled`): the chunks'
+    mel (B, m_max, n_mels) pre-encoded beside the streams' buffers (B, rows, d), the rows
+    `gather` picks ([cache, FIFO, chunk frames], then masked padding) through the model.
+    Returns (probabilities (B, t_max, n_spk), the buffers and chunk frames (B, rows + l_max,
+    d) the host's update picks from)."""
+    emb = model.pre_encode(mel, mel_len)  # (B, l_max, d)
+    src = mx.concatenate([buffers, emb.astype(buffers.dtype)], axis=1)
+    x = mx.take_along_axis(src, gather[..., None], axis=1)
+    return model.infer(x, lengths), src
+
+
+def _plain(model: Sortformer, _key, *args):
+    return network(model, *args)
+
+
+def step(model: Sortformer, config: SortformerConfig, batch: Batch[StreamState],
+         chunks: list[Chunk], network: Callable | None = None) -> list[np.ndarray]:
+    """Advance each stream of `batch` by one chunk (one network call over the batch's rows,
+    the padding rows' outputs dropped); returns each chunk's speaker probabilities (its
+    `chunk` frames, n_spk) as float32 numpy. `network(key, ...)`: the network call
+    (`network` above, compiled per shape key), default plain."""
+    if network is None:
+        network = partial(_plain, model)
     c = config
-    n_real = len(states)
-    pad = _padded(n_real) - n_real  # padded rows repeat row 0; their outputs are dropped
-    if pad:
-        states = list(states) + [states[0]] * pad
-        chunks = list(chunks) + [chunks[0]] * pad
+    states, chunks = batch.rows, batch.padded(chunks)
     B = len(states)
     rows = states[0].buffer.shape[0]
     lc_max, rc_max = c.chunk_left_context, c.chunk_right_context
@@ -189,9 +200,7 @@ def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
     for b, ch in enumerate(chunks):
         mel[b, : len(ch.mel)] = ch.mel
     emb_len = conv_out_len(mel_len)
-    emb = model.pre_encode(mx.array(mel), mx.array(mel_len))  # (B, l_max, d)
     buffers = mx.stack([s.buffer for s in states])
-    src = mx.concatenate([buffers, emb.astype(buffers.dtype)], axis=1)  # (B, rows + l_max, d)
     # the network's input: [cache, FIFO, chunk frames] contiguous, then masked padding
     t_max = rows + l_max
     gather = np.zeros((B, t_max), np.int32)
@@ -202,10 +211,10 @@ def step(model: Sortformer, config: SortformerConfig, states: list[StreamState],
         gather[b, :n_mem] = np.arange(n_mem)
         gather[b, n_mem:n] = rows + np.arange(int(emb_len[b]))
         lengths[b] = n
-    x = mx.take_along_axis(src, mx.array(gather)[..., None], axis=1)
-    probs = model.infer(x, mx.array(lengths))
-    if pad:
-        states, chunks, B = states[:n_real], chunks[:n_real], n_real
+    probs, src = network((B, m_max, rows, buffers.dtype), mx.array(mel), mx.array(mel_len),
+                         buffers, mx.array(gather), mx.array(lengths))
+    if batch.size > batch.n:
+        states, chunks, B = batch.streams, chunks[:batch.n], batch.n
         probs, src, emb_len = probs[:B], src[:B], emb_len[:B]
     mx.eval(probs, src)
     probs_np = np.array(probs.astype(mx.float32))

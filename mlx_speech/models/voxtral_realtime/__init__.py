@@ -20,7 +20,8 @@ from ..base import Latency, parameter_bytes
 from ..loading import fill, mistral_or_hf_layout, read_weights, weight_files
 from .config import FRAME_MS, VoxtralRealtimeConfig
 from .model import Model
-from .session import MAX_DELAY_MS, Session, feed_batch, finish_batch
+from .session import MAX_DELAY_MS, Session
+from .step import Steps
 from .weights import remap
 
 __all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "keep_high_precision", "load",
@@ -54,8 +55,7 @@ class VoxtralRealtime(StreamingASR):
         self.graphs = GraphCache()  # the context graphs of its sessions' vocabularies
         self.kv_bits = kv_bits  # 8: every session's KV cache 8-bit
         self.latency = replace(self.latency, default_ms=config.audio.delay_ms)
-        self._scale_stacks: dict[tuple[int, ...], list[mx.array]] = {}
-        self._steps = 0  # batched decoder steps, for periodic mx.clear_cache
+        self.steps = Steps(model, config)  # the batched step every session goes through
 
     @property
     def sample_rate(self) -> int:
@@ -85,10 +85,10 @@ class VoxtralRealtime(StreamingASR):
                             lambda p: [tk.encode(" " + p), tk.encode(p)], tk.is_special)
 
     def _feed_batch(self, sessions: list[Session], audios: list[np.ndarray]) -> list[str]:
-        return feed_batch(self, sessions, audios)
+        return self.steps.feed(sessions, audios)
 
     def _finish_batch(self, sessions: list[Session]) -> list[str]:
-        return finish_batch(self, sessions)
+        return self.steps.finish(sessions)
 
     def transcribe(self, audio: np.ndarray | str | Path, sample_rate: int = 16000,
                    latency_ms: int | None = None,

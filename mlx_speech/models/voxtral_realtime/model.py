@@ -46,7 +46,7 @@ def _mask(L: int, window: int, cache: RingBatch | None):
     return window_mask(pos, pos, window)
 
 
-def _reanchor(caches: list[RingBatch], L: int, limit: int, head_dim: int,
+def reanchor(caches: list[RingBatch], L: int, limit: int, head_dim: int,
               theta: float) -> None:
     """Keep every row's RoPE positions below `limit` forever (python ints: no sync)."""
     deltas = caches[0].deltas(L, limit)
@@ -93,7 +93,7 @@ class WhisperEncoder(nn.Module):
         L = x.shape[1]
         kv = state.kv if state is not None else [None] * c.n_layers
         if state is not None:
-            _reanchor(state.kv, L, c.max_position, c.head_dim, c.rope_theta)
+            reanchor(state.kv, L, c.max_position, c.head_dim, c.rope_theta)
         mask = _mask(L, c.sliding_window, kv[0])
         for layer, cache in zip(self.transformer.layers, kv, strict=True):
             x = layer(x, mask, cache)
@@ -172,7 +172,7 @@ class Model(nn.Module):
         h = self.tok_embeddings(tokens) + audio
         L = h.shape[1]
         if caches is not None:
-            _reanchor(caches, L, d.max_position, d.head_dim, d.rope_theta)
+            reanchor(caches, L, d.max_position, d.head_dim, d.rope_theta)
         else:
             caches = [None] * d.n_layers
         mask = _mask(L, d.sliding_window, caches[0])

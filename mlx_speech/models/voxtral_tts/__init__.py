@@ -46,6 +46,21 @@ class VoxtralTTS:
     family = "voxtral_tts"
     name = "Voxtral TTS"
 
+    @staticmethod
+    def check_session_options(folder: str | Path, what: str, voice=None, text=None, **_) -> None:
+        """Session options checked from the checkpoint's files before its weights are read
+        (`mlx_speech.load(..., options=...)`): the text has something to say, and a voice is one
+        of the checkpoint's (once its voice files are there: a hub repo's come with its weights)."""
+        if text is not None:
+            normalize(text)
+        voices = Path(folder) / "voice_embedding"
+        if voice is not None and voices.is_dir():
+            names = sorted({f.stem for f in voices.iterdir()
+                            if f.suffix in (".pt", ".safetensors")})
+            if voice not in names:
+                raise MlxSpeechError(f"unknown voice {voice!r}; known voices: "
+                                     f"{', '.join(names) or '(none)'}")
+
     def __init__(self, model: Model, tokenizer: Tekken, voices: Voices,
                  first_frame: str = "prefill", compile: bool = True):
         if first_frame not in ("prefill", "audio_step"):
@@ -273,3 +288,4 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
     voices = Voices(folder / "voice_embedding",
                     tokenizer.audio.get("voice_num_audio_tokens"), config.backbone.dim)
     return VoxtralTTS(model, tokenizer, voices, first_frame, compile)
+

@@ -18,7 +18,7 @@ from mlx_speech.models.moshi import (
     build_lm,
 )
 from mlx_speech.models.moshi.lm import embed
-from tests.support.moshi import GOLDEN
+from tests.support.moshi import GOLDEN, spy_inputs
 
 GREEDY = Sampling(0.0, 0.0, 250, 25)
 
@@ -41,20 +41,6 @@ def ref():
     return dict(np.load(GOLDEN / "tiny_lm_ref.npz"))
 
 
-class Spy:
-    """Records the token column each main-transformer forward sees."""
-
-    def __init__(self, lm):
-        self.lm, self.seen = lm, []
-
-    def __getattr__(self, name):
-        return getattr(self.lm, name)
-
-    def forward_tokens(self, x, state):
-        self.seen.append(np.array(x)[0, :, 0])
-        return self.lm.forward_tokens(x, state)
-
-
 def test_teacher_forced_logits(lm, ref):
     toks, st = ref["tf_tokens"], lm.make_state(1)
     err_t = err_z = err_d = 0.0
@@ -73,10 +59,12 @@ def test_teacher_forced_logits(lm, ref):
     assert err_t <= 1e-5 and err_z <= 1e-5 and err_d <= 1e-5, (err_t, err_z, err_d)
 
 
+@pytest.mark.parametrize("compiled", ["1", "0"])
 @pytest.mark.parametrize("lag,suffix", [(0, ""), (1, "_lag1")])
-def test_greedy_generation(lm, ref, lag, suffix):
-    spy = Spy(lm)
-    gen = KyutaiGen(spy, lm.config, GREEDY, user_lag=lag)
+def test_greedy_generation(lm, ref, lag, suffix, compiled, monkeypatch):
+    monkeypatch.setenv("MLX_SPEECH_COMPILE", compiled)  # compiled steps, and plain
+    gen = KyutaiGen(lm, lm.config, GREEDY, user_lag=lag)
+    seen = spy_inputs(gen)
     out = np.full_like(ref["gen_out"], -100)
     for t, u in enumerate(ref["gen_user"]):
         o = gen.step(mx.array(u).reshape(1, -1, 1))
@@ -84,7 +72,8 @@ def test_greedy_generation(lm, ref, lag, suffix):
         if o.tokens is not None:
             out[t] = np.array(o.tokens)[0, :, 0]
     np.testing.assert_array_equal(out, ref["gen_out" + suffix])
-    np.testing.assert_array_equal(np.stack(spy.seen), ref["gen_seen_inputs" + suffix])
+    np.testing.assert_array_equal(np.stack([np.array(x)[0, :, 0] for x in seen]),
+                                  ref["gen_seen_inputs" + suffix])
 
 
 def test_lags_differ(ref):

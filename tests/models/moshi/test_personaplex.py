@@ -19,7 +19,7 @@ from mlx_speech.models.moshi.personaplex import (
     run_prompt,
     wrap_system,
 )
-from tests.support.moshi import GOLDEN
+from tests.support.moshi import GOLDEN, spy_inputs
 
 GREEDY = Sampling(0.0, 0.0, 250, 25)
 
@@ -35,22 +35,6 @@ def ref():
     return dict(np.load(GOLDEN / "tiny_pp_ref.npz"))
 
 
-class Spy:
-    """Records main-transformer inputs: token columns and summed embeddings."""
-
-    def __init__(self, lm):
-        self.lm, self.seen, self.embeddings = lm, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.lm, name)
-
-    def forward_tokens(self, x, state):
-        self.seen.append(np.array(x)[0, :, 0])
-        e = self.lm.embed_tokens(x)
-        self.embeddings.append(e)
-        return self.lm.forward_embeddings(e, state)
-
-
 def _live(gen, user) -> np.ndarray:
     outs = []
     for u in user:
@@ -60,31 +44,37 @@ def _live(gen, user) -> np.ndarray:
     return np.stack(outs)
 
 
-def _prompted(lm, ref, voice):
+def _prompted(lm, ref, voice, seen: list | None = None):
     gen = PersonaPlexGen(lm, lm.config, GREEDY)
+    if seen is not None:
+        seen += [spy_inputs(gen)]
     n = run_prompt(gen, voice, [int(t) for t in ref["text_prompt"]], int(ref["silence_frames"]))
     return gen, n
 
 
-def test_prompt_and_live_match_reference(pp, ref):
-    spy = Spy(pp)
-    gen, n = _prompted(spy, ref, VoicePrompt("v", codes=ref["voice_frames"]))
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_prompt_and_live_match_reference(pp, ref, compiled, monkeypatch):
+    monkeypatch.setenv("MLX_SPEECH_COMPILE", compiled)  # compiled steps, and plain
+    spy: list = []
+    gen, n = _prompted(pp, ref, VoicePrompt("v", codes=ref["voice_frames"]), spy)
     assert n == int(ref["n_prompt_forwards"])
     live = _live(gen, ref["user"])
-    np.testing.assert_array_equal(np.stack(spy.seen), ref["seen_inputs"])
+    np.testing.assert_array_equal(np.stack([np.array(x)[0, :, 0] for x in spy[0]]),
+                                  ref["seen_inputs"])
     np.testing.assert_array_equal(live, ref["live_out"])
 
 
 def _stored_voice(pp, ref) -> tuple[np.ndarray, np.ndarray]:
     """What NVIDIA's save_voice_prompt_embeddings writes: the summed input embeddings of the
     voice steps that ran a forward, and the token cache after the voice prompt."""
-    spy = Spy(pp)
-    gen = PersonaPlexGen(spy, pp.config, GREEDY)
+    gen = PersonaPlexGen(pp, pp.config, GREEDY)
+    seen = spy_inputs(gen)
     run_prompt(gen, VoicePrompt("v", codes=ref["voice_frames"]), None, 0)
-    emb = np.stack([np.array(e) for e in spy.embeddings])[:, :, None]  # [N, 1, 1, dim]
+    embeddings = [pp.embed_tokens(x) for x in seen]  # what each forward summed
+    emb = np.stack([np.array(e) for e in embeddings])[:, :, None]  # [N, 1, 1, dim]
     cache = np.stack([np.stack([np.full(1, -2) if a is None else np.array(a) for a in col], 1)
                       for col in gen.cache], -1)
-    return emb.reshape(len(spy.embeddings), 1, 1, -1), cache
+    return emb.reshape(len(embeddings), 1, 1, -1), cache
 
 
 def test_stored_voice_replays_like_audio(pp, ref, tmp_path):

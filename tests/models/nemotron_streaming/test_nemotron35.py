@@ -374,7 +374,7 @@ QUANT = Path(__file__).parents[2] / "golden" / "quantized" / "nemotron35"
 
 def _mel_tokens(m, prompt: str, r: int) -> list[int]:
     """Our greedy decode of NeMo's mel (mlx-audio's mel moves a near-tie last token)."""
-    from mlx_speech.models.nemotron_streaming.batch import greedy_decode
+    from mlx_speech.models.nemotron_streaming.step import greedy_decode
 
     mel = mx.array(np.load(GOLDEN / "mel.npz")["mel"][None])
     frames = m.model.project(m.model.encoder(mel, r), [m.resolve_language(prompt)[1]])

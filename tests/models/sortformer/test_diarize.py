@@ -51,6 +51,21 @@ class FakeASR:
     def transcribe(self, audio, sample_rate, progress=None, **kw):
         return Transcript(" ".join(w.text for w in self.words), [], self.words)
 
+    def session(self, **kw):  # `transcribe` on the command line streams the file through one
+        asr = self
+
+        class Session:
+            def feed(self, audio):
+                return ""
+
+            def finish(self):
+                return ""
+
+            def result(self):
+                return asr.transcribe(None, asr.sample_rate)
+
+        return Session()
+
 
 def _expected(words, probs) -> list[int]:
     """The rule, written out: most frames above 0.5 in [start, end), then total probability;

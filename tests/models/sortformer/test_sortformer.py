@@ -22,6 +22,8 @@ from mlx_speech.models import sortformer
 from mlx_speech.models.sortformer import streaming as streaming_mod
 from mlx_speech.models.sortformer.config import SortformerConfig
 from mlx_speech.models.sortformer.weights import nemo_name, remap
+from mlx_speech.nn import cache as nn_cache
+from mlx_speech.nn import compiled
 from tests.support.gpu_emulation import TieOrderNumpy
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "sortformer"
@@ -148,6 +150,7 @@ def test_batched_equals_alone(model, golden, wav):
 
 
 def test_fixed_shapes_per_step(model, wav, monkeypatch):
+    compiled.reset()  # every step shape reaches the spy (compiled steps trace it again)
     shapes = set()
     real = model.model.infer
 
@@ -355,7 +358,8 @@ def test_gpu_batch_padding_changes_nothing(model, wav, monkeypatch):
     """On GPU backends a step's batch is padded to a power of two with copies of its first row
     (fewer shapes for the backend's graph caches); forced on here, three streams step as four
     and give what they give alone."""
-    monkeypatch.setattr(streaming_mod, "PAD_BATCH", True)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    compiled.reset()  # every step shape reaches the spy (compiled steps trace it again)
     sizes = []
     real = model.model.infer
 
@@ -369,7 +373,7 @@ def test_gpu_batch_padding_changes_nothing(model, wav, monkeypatch):
     got = model.feed_many(list(zip(sessions, audios, strict=True)))
     got = [np.concatenate([g, f]) for g, f in zip(got, model.finish_many(sessions), strict=True)]
     assert 4 in sizes and set(sizes) <= {1, 2, 4}
-    monkeypatch.setattr(streaming_mod, "PAD_BATCH", False)
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", False)
     for a, g in zip(audios, got, strict=True):
         s = model.session()
         np.testing.assert_allclose(g, np.concatenate([s.feed(a), s.finish()]), atol=1e-5, rtol=0)

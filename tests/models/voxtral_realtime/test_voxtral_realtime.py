@@ -127,7 +127,7 @@ def test_reanchoring_gives_the_same_tokens(tmp_path, vr_model):
 def _state_size(s) -> tuple:
     arrays = s.enc_state.arrays() + [a for c in s.dec_cache for a in c.state]
     return (sum(a.size for a in arrays), len(s.mel.buf), len(s._mel_pending), len(s._audio),
-            len(s._detok._buf) if hasattr(s._detok, "_buf") else 0)
+            len(s.detok._buf) if hasattr(s.detok, "_buf") else 0)
 
 
 def test_per_chunk_work_is_flat(vr_model):
