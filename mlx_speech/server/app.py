@@ -20,11 +20,12 @@ from ..errors import MlxSpeechError
 from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
 from .common import pcm16_bytes as _pcm16
 from .jobs import AsrStream, BufferFull, Steps
+from .languages import languages_field, verbose_language
 from .limits import RETRY_AFTER_S, Limits, session_budget, while_connected
 from .models import ModelUnavailable
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
-from .validate import FILE_RATES, Invalid, diarize_form, form_vocabulary
+from .validate import FILE_RATES, Invalid, diarize_form, form_language, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
 from .vocabulary import logprob_entries, result_logprobs, session_factory
@@ -245,6 +246,7 @@ def create_app(served: Served) -> FastAPI:
         lease = await served.acquire(name, "asr")  # loaded first, when it is not
         try:  # held until its job is submitted: the engine's job then keeps it loaded
             model = lease.model
+            language = form_language(form, model)  # before the upload is read: a 400 naming them
             data = await f.read(served.max_upload_bytes + 1)
             if len(data) > served.max_upload_bytes:
                 raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit "
@@ -255,7 +257,7 @@ def create_app(served: Served) -> FastAPI:
             loop = asyncio.get_running_loop()
             q: asyncio.Queue = asyncio.Queue()
             s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary,
-                                                                      want_lp),
+                                                                      want_lp, language),
                                                AsyncSink(q, loop), max_samples=len(audio)))
         finally:
             lease.release()
@@ -267,7 +269,8 @@ def create_app(served: Served) -> FastAPI:
         seconds = len(audio) / model.sample_rate
         if stream:
             return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
-                                                     model if want_lp else None),
+                                                     model if want_lp else None,
+                                                     lambda r: languages_field(model, r, language)),
                                      media_type="text/event-stream")
         try:  # the client gone: the stream is closed, the engine drops it at its next tick
             result = await while_connected(request, _await_done(q))
@@ -287,14 +290,16 @@ def create_app(served: Served) -> FastAPI:
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
-                                                       segments=d.segments), d)
+                                                       segments=d.segments,
+                                                       said=(model, language)), d)
         breaks = ()
         if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
             breaks = await while_connected(request, _pause_breaks(served, audio,
                                                                   model.sample_rate))
             if breaks is None:
                 return Response(status_code=499)
-        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks)
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks,
+                                    said=(model, language))
         if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
             resp["logprobs"] = result_logprobs(model, result)
         return resp
@@ -513,10 +518,11 @@ def _sse_error(ev) -> str:
 
 
 async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False,
-                          lp_model=None):
+                          lp_model=None, languages=lambda result: {}):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
     for (an extension: OpenAI's streaming has none) the done event also carries `words`;
-    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`."""
+    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`; `languages(result)`: the
+    done event's `languages` (server/languages.py)."""
     text = TextDeltas()
     try:
         while True:
@@ -532,6 +538,7 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
                 if d := text.final(result.text):
                     yield _sse({"type": "transcript.text.delta", "delta": d})
                 done = {"type": "transcript.text.done", "text": result.text,
+                        **languages(result),
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
                 if words:
                     done["words"] = _words(result)
@@ -572,7 +579,10 @@ async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[fl
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),
-                         segments=None):
+                         segments=None, *, said: tuple):
+    """`said`: (the model, the request's checked language), for the language fields
+    (server/languages.py)."""
+    model, language = said
     from ..transcript import format_srt, format_vtt, segments_from_words
 
     if fmt == "text":
@@ -584,9 +594,11 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(
     if fmt == "vtt":
         return PlainTextResponse(format_vtt(segments), media_type="text/vtt")
     if fmt == "json":
-        return {"text": result.text, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+        return {"text": result.text, **languages_field(model, result, language),
+                "usage": {"type": "duration", "seconds": round(seconds, 3)}}
     out = {
-        "task": "transcribe", "language": "", "duration": round(seconds, 3), "text": result.text,
+        "task": "transcribe", "language": verbose_language(model, result, language),
+        "duration": round(seconds, 3), "text": result.text,
         "segments": [{"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3),
                       "text": s.text, "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
                       "compression_ratio": 0.0, "no_speech_prob": 0.0}

@@ -54,7 +54,8 @@ class Served:
     def details(self, model_id: str) -> dict:
         """What a client needs beyond the kind: whether it is loaded; once it has been, the
         sample rate, the voices (TTS, PersonaPlex), whether a duplex model takes voice and
-        role prompts (`roles`: PersonaPlex)."""
+        role prompts (`roles`: PersonaPlex), the
+        languages a speech-to-text model takes (`languages`, when it takes any)."""
         out = self.models.details(model_id)
         if self.kind(model_id) == "asr" and self.diarizer is not None:
             out["diarize"] = True  # the server can label speakers (--diarizer)

@@ -231,7 +231,7 @@ class Models:
 
     def details(self, model_id: str) -> dict:
         """What /v1/models says of a model beyond its kind: its state, and once it has been
-        loaded the sample rate, voices, roles (kept across unloads)."""
+        loaded the sample rate, voices, roles, languages (kept across unloads)."""
         e = self.entries[model_id]
         out = {"loaded": e.model is not None, "state": e.state, **(e.details or {})}
         if e.error is not None and e.model is None:
@@ -358,6 +358,8 @@ class Models:
             d["voices"] = list(model.voices)
         if e.kind == "duplex":
             d["roles"] = model.roles
+        if e.kind == "asr" and model.languages is not None:  # the checkpoint's
+            d["languages"] = list(model.languages)
         e.details = d
         try:
             per = duplex_session_bytes(model) if e.kind == "duplex" else 0

@@ -33,9 +33,10 @@ from ..audio.resample import StreamingResampler
 from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
 from .jobs import AsrStream, BufferFull
+from .languages import language_field, languages_field
 from .models import ModelUnavailable, acquire_told
 from .turns import TurnStream
-from .validate import Invalid, append_samples, realtime_event, vocabulary
+from .validate import Invalid, append_samples, language, realtime_event, vocabulary
 from .vocabulary import (
     LOGPROBS_INCLUDE,
     logprob_entries,
@@ -89,6 +90,10 @@ class _Connection:
         self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
         self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
+        # the spoken language: as the client gave it, and as validate.language checked it for
+        # the connection's model (what the next sessions take)
+        self.language_raw: str | None = None
+        self.language: str | None = None
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
@@ -113,6 +118,11 @@ class _Connection:
                 self.lease.release()
             self.lease, self.model_id, self.model = lease, lease.id, lease.model
 
+    def let_go(self, lease) -> None:
+        """Release `lease` unless it is the connection's own (a model named and then refused)."""
+        if lease is not self.lease:
+            lease.release()
+
     def model_event(self, event: dict) -> dict:
         return event
 
@@ -133,9 +143,17 @@ class _Connection:
                                                AsyncSink(self.out, self.loop, "speakers"))
         return True
 
-    def session_factory(self, model, **kw):
-        """`model`'s session factory with this connection's vocabulary and logprobs."""
-        return session_factory(model, self.vocabulary, self.logprobs, **kw)
+    def session_factory(self, model, language: str | None = None, **kw):
+        """`model`'s session factory with this connection's vocabulary and logprobs, and
+        `language` (checked for `model`)."""
+        return session_factory(model, self.vocabulary, self.logprobs, language, **kw)
+
+    def check_language(self, model, event: dict, param: str) -> tuple[str | None, str | None]:
+        """(as given, as checked) of the language the connection takes with `model` after
+        an update: `event`'s `language` when it names one (null: none), else the one it had.
+        Raises Invalid."""
+        raw = event["language"] if "language" in event else self.language_raw
+        return raw, language(model, raw, param)
 
     def set_include(self, include) -> str | None:
         """OpenAI's `include`; an error message for a bad one."""
@@ -290,7 +308,14 @@ class VllmConnection(_Connection):
             lease = await self.hold(model_id)
             if lease is None:
                 return
+            try:  # vLLM's top-level `language`, for the next utterances
+                raw, lang = self.check_language(lease.model, event, "language")
+            except Invalid as e:
+                self.let_go(lease)
+                self.error("invalid_value", str(e))
+                return
             self.keep(lease)
+            self.language_raw, self.language = raw, lang
             if event.get("diarize") and not self.diarize():  # speakers on each utterance
                 self.error("invalid_value", "this server has no diarizer (start it with "
                            "--diarizer)")
@@ -347,7 +372,7 @@ class VllmConnection(_Connection):
     def start(self) -> None:
         self.n_items += 1
         self.item = f"utt-{self.n_items}"
-        s = self.open_stream(self.item, self.session_factory(self.model))
+        s = self.open_stream(self.item, self.session_factory(self.model, self.language))
         self.seconds[self.item] = 0.0
         self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
@@ -374,6 +399,7 @@ class VllmConnection(_Connection):
             if result.logprobs is not None:
                 extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "transcription.done", "text": result.text,
+                        **language_field(self.model, result, self.language),
                         "usage": usage(result, self.seconds.pop(item, 0.0)), **extra,
                         **self.speakers.fields(item, result)})
             self.stream_done(item)
@@ -430,6 +456,8 @@ class OpenAIConnection(_Connection):
 
     def session_object(self) -> dict:
         tr = {"model": self.model_id}
+        if self.language_raw is not None:
+            tr["language"] = self.language_raw
         if self.delay is not None:
             tr["delay"] = self.delay
         if self.speakers.on:
@@ -554,10 +582,12 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", "only pcm16 input is supported", eid)
                 return
             inp = {"transcription": session.get("input_audio_transcription") or {}}
+            where = "session.input_audio_transcription"  # for errors naming a field
             if "turn_detection" in session:
                 inp["turn_detection"] = session["turn_detection"]
         else:
             inp = (session.get("audio") or {}).get("input") or {}
+            where = "session.audio.input.transcription"
         fmt = inp.get("format") or {}
         rate = self.rate
         if fmt:
@@ -612,13 +642,28 @@ class OpenAIConnection(_Connection):
                 self.error("model_not_found", str(e), eid)
                 return
         if self.turns is not None and (model_id != self.model_id or delay != self.delay):
-            self.error("invalid_value", "the model and delay are fixed once audio was appended "
-                       "with turn detection on", eid)
+            self.error("invalid_value", "the model, delay and language are fixed once audio was "
+                       "appended with turn detection on", eid)
             return
         lease = None if model_id is None else await self.hold(model_id)
         if model_id is not None and lease is None:
             return
+        raw, lang = self.language_raw, self.language
+        if lease is not None:  # the language for this model (OpenAI's ISO-639-1, or `auto`)
+            try:
+                raw, lang = self.check_language(lease.model, tr, f"{where}.language")
+            except Invalid as e:
+                self.let_go(lease)
+                self.error("invalid_value", str(e), eid, e.param)
+                return
+        elif "language" in tr:
+            raw = tr["language"]  # checked once a model is named
+        if self.turns is not None and lang != self.language:
+            self.error("invalid_value", "the model, delay and language are fixed once audio was "
+                       "appended with turn detection on", eid)
+            return
         self.rate, self.delay = rate, delay
+        self.language_raw, self.language = raw, lang
         if lease is not None:
             self.keep(lease)
         self.vocabulary = vocab  # the next turns' sessions take it
@@ -634,11 +679,12 @@ class OpenAIConnection(_Connection):
                    "event_id": self._event_id(), "session": self.session_object()})
 
     def make_session(self):
-        """The ASR session factory for this connection's model and delay (engine thread)."""
-        model = self.model  # the vocabulary as it is when each turn's session is made
-        kw = {} if self.delay is None else {  # OpenAI's delay names, in the family's latencies
-            "latency_ms": model.latency.preset(self.delay)}
-        return lambda: self.session_factory(model, **kw)()
+        """The ASR session factory for this connection's model, delay and language (engine
+        thread)."""
+        model, language = self.model, self.language  # the vocabulary as it is when each
+        kw = {} if self.delay is None else {  # turn's session is made; OpenAI's delay names,
+            "latency_ms": model.latency.preset(self.delay)}  # in the family's latencies
+        return lambda: self.session_factory(model, language, **kw)()
 
     def invalid(self, e: Invalid, event: dict) -> None:
         eid = event.get("event_id")
@@ -742,7 +788,8 @@ class OpenAIConnection(_Connection):
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]}, **extra,
+                                  "total_tokens": u["total_tokens"]},
+                        **languages_field(self.model, result, self.language), **extra,
                         **self.speakers.fields(item, result)})
             self.stream_done(item)
         elif ev[0] == "error":

@@ -51,6 +51,8 @@ class VoxtralRealtime(StreamingASR):
     # the transcription delay: any multiple of 80 ms up to 2400 (default: the checkpoint's)
     latency = Latency("delay", 480, {"minimal": 80, "low": 240, "medium": 480, "high": 960,
                                      "xhigh": 2400}, step_ms=FRAME_MS, max_ms=MAX_DELAY_MS)
+    languages = None  # it takes no language: it transcribes what it hears, in these 13
+    spoken = ("ar", "de", "en", "es", "fr", "hi", "it", "ja", "ko", "nl", "pt", "ru", "zh")
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig,
                  kv_bits: int | None = None):
