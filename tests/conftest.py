@@ -67,3 +67,17 @@ def speechlike(seconds: float, seed: int = 1) -> np.ndarray:
     f = 200 + 150 * np.sin(2 * np.pi * 0.7 * t)
     x = 0.3 * np.sin(2 * np.pi * np.cumsum(f) / 16000) * (0.6 + 0.4 * np.sin(2 * np.pi * 2.1 * t))
     return (x + 0.03 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+@pytest.fixture
+def no_weights_loaded(monkeypatch):
+    """Every family's loader fails the test (the checks before a load may still run). The
+    family modules are all imported first, then patched: one that re-exports another's
+    `load` (Nemotron 3.5's) must not bind the patched function for the rest of the run."""
+    import importlib
+
+    from mlx_speech.registry import MODELS
+
+    modules = {importlib.import_module(m.split(":")[0]) for m in MODELS.values()}
+    for mod in modules:
+        monkeypatch.setattr(mod, "load", lambda *a, **k: pytest.fail("a model was loaded"))

@@ -5,7 +5,6 @@ files, the formats people have, and the smaller frictions."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import struct
@@ -21,7 +20,6 @@ import soundfile as sf
 import mlx_speech
 from mlx_speech import chat, say, transcribe
 from mlx_speech.models.asr import Transcript, Word
-from mlx_speech.registry import MODELS
 from tests.conftest import speechlike
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +29,8 @@ TTS = GOLDEN / "voxtral_tts" / "ckpt"
 
 
 @pytest.fixture
-def no_load(monkeypatch):
+def no_load(no_weights_loaded):
     """Loading any model's weights fails the test."""
-    for name in set(MODELS.values()):
-        monkeypatch.setattr(importlib.import_module(name.split(":")[0]), "load",
-                            lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 def last_error(capsys) -> str:
