@@ -86,6 +86,12 @@ class Lease:
             self.released, self.model = True, None
             self._store._release(self._entry)
 
+    def instead_of(self, held: Lease | None) -> Lease:
+        """This lease, kept by a holder in place of `held` (released, unless it is this one)."""
+        if held is not None and held is not self:
+            held.release()
+        return self
+
 
 async def acquire_told(models: Models, model_id: str, tell: Callable[[dict], None]) -> Lease:
     """`models.acquire(model_id)` for a WebSocket client, who is told `{"type":
@@ -315,8 +321,6 @@ class Models:
 
         import mlx_speech
 
-        from ..registry import check_loaded
-
         if e.source is None:
             raise MlxSpeechError(f"{e.id} cannot be loaded again")
         before = measure_free()
@@ -324,7 +328,6 @@ class Models:
         t0 = time.perf_counter()
         self.say(f"loading {e.id} ({e.name})")
         model = mlx_speech.load(str(e.source), kind=SERVED_KINDS, **e.load_kwargs)
-        check_loaded(e.id, model, SERVED_KINDS)
         after = _memory()
         with self._lock:
             e.model, e.error, e.loads = model, None, e.loads + 1

@@ -113,10 +113,8 @@ class _Connection:
 
     def keep(self, lease) -> None:
         """Make `lease`'s model this connection's (the one held before is let go)."""
-        if lease is not self.lease:
-            if self.lease is not None:
-                self.lease.release()
-            self.lease, self.model_id, self.model = lease, lease.id, lease.model
+        self.lease = lease.instead_of(self.lease)
+        self.model_id, self.model = lease.id, lease.model
 
     def let_go(self, lease) -> None:
         """Release `lease` unless it is the connection's own (a model named and then refused)."""

@@ -290,10 +290,8 @@ class SpeechStream:
 
     def keep(self, lease) -> None:
         """Make `lease`'s model the socket's (the one held before is let go)."""
-        if lease is not self.lease:
-            if self.lease is not None:
-                self.lease.release()
-            self.lease, self.model_id, self.model = lease, lease.id, lease.model
+        self.lease = lease.instead_of(self.lease)
+        self.model_id, self.model = lease.id, lease.model
 
     async def update(self, session: dict, eid) -> None:
         if self.open is not None:
