@@ -6,8 +6,58 @@ __version__ = "0.1.0"
 
 DEFAULT_ASR_MODEL = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 
-from ._subpackages import install as _install_subpackages  # noqa: E402
-from .errors import DISTRIBUTION  # noqa: E402  (what pip installs this project as)
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+from .errors import (  # noqa: E402  (what pip installs this project as; what callers catch)
+    DISTRIBUTION,
+    AudioError,
+    CheckpointError,
+    DeviceError,
+    MissingDependency,
+    MlxSpeechError,
+)
+
+# -- top-level source folders that pip installs as subpackages of mlx_speech -----------------
+# pyproject.toml maps them with setuptools' package-dir (`"mlx_speech.convert" = "convert"`), so a
+# wheel holds them under `mlx_speech/` and an editable install's finder maps them too. A source
+# checkout put on sys.path some other way (`PYTHONPATH=.`, or an editable install made from
+# another checkout or before the mapping existed) has no such map: `import mlx_speech.convert`
+# would fail, or find a stale copy. This finder, active only when the package runs from a source
+# tree (the folder sits beside `mlx_speech/` and is not inside it), maps exactly these names and
+# nothing else. Keep SOURCE_TREE equal to pyproject's package-dir table (tests/project/
+# test_layout.py checks).
+SOURCE_TREE = {"mlx_speech.convert": "convert", "mlx_speech.app": "apps/menubar"}
+
+
+class _SourceTreeFinder:
+    """Finds exactly the names of SOURCE_TREE in a source checkout."""
+
+    def __init__(self, mapping: dict[str, _Path]):
+        self.mapping = mapping
+
+    def find_spec(self, fullname, path=None, target=None):
+        d = self.mapping.get(fullname)
+        if d is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, d / "__init__.py", submodule_search_locations=[str(d)])
+
+
+def _install_subpackages() -> None:
+    pkg = _Path(__file__).resolve().parent
+    root = pkg.parent
+    found = {}
+    for name, folder in SOURCE_TREE.items():
+        inside = pkg / name.rsplit(".", 1)[1]
+        installed = inside.exists() or inside.with_suffix(".py").exists()
+        if not installed and (root / folder / "__init__.py").is_file():
+            found[name] = root / folder
+    if found and not any(isinstance(f, _SourceTreeFinder) for f in sys.meta_path):
+        # first: an editable finder of another checkout must not answer for these names
+        sys.meta_path.insert(0, _SourceTreeFinder(found))
+
 
 _install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
 
@@ -55,7 +105,6 @@ def locate(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...]
     import inspect
     from pathlib import Path
 
-    from .errors import CheckpointError, MlxSpeechError
     from .hub import detect_model_type, resolve
     from .registry import (
         ARCHIVES,
@@ -96,4 +145,5 @@ def locate(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...]
     return model_type, folder
 
 
-__all__ = ["DEFAULT_ASR_MODEL", "DISTRIBUTION", "__version__", "load", "locate"]
+__all__ = ["DEFAULT_ASR_MODEL", "DISTRIBUTION", "AudioError", "CheckpointError", "DeviceError",
+           "MissingDependency", "MlxSpeechError", "__version__", "load", "locate"]

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import MlxSpeechError
 from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, ranged, run_cli
-from .errors import MlxSpeechError
-from .registry import check_loaded
 
 DEFAULT_DUPLEX_MODEL = "kyutai/moshiko-pytorch-bf16"
 
@@ -197,7 +196,6 @@ def _run(args) -> None:
     model = mlx_speech.load(args.model, kind="duplex", log=log,  # prompts: checked first
                             options={"voice": args.voice, "role": args.role},
                             **quantize_kwargs(args))
-    check_loaded(args.model, model, "duplex")
     if args.list_voices:
         print("\n".join(model.voices) if model.voices else "(this checkpoint has no voices)")
         return

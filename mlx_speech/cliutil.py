@@ -1,14 +1,17 @@
-"""What every command-line entry point shares: stderr logging and the error contract."""
+"""What every command-line entry point shares: stderr logging, the error contract, and the
+options several commands take (windows, quantization, the vocabulary)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import math
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from .errors import MlxSpeechError, is_mlx_import_error, missing_backend
 
@@ -165,3 +168,59 @@ def quantize_kwargs(args) -> dict:
     if args.quantize is None:
         return {}
     return {"quantize": args.quantize, "group_size": args.group_size}
+
+
+# -- the vocabulary: --hotwords, --hotwords-file, --boost (parsed once into a Vocabulary) --
+def add_vocabulary_args(p: argparse.ArgumentParser) -> None:
+    from .text.vocabulary import DEFAULT_BOOST
+
+    p.add_argument("--hotwords", metavar="A,B",
+                   help="phrases to favour (comma-separated), e.g. 'Kubernetes,LinTO'")
+    p.add_argument("--hotwords-file", metavar="FILE",
+                   help="phrases to favour, one per line ('#' starts a comment)")
+    p.add_argument("--boost", type=float, default=None, metavar="SCORE",
+                   help=f"phrase boosting weight (default {DEFAULT_BOOST}; 0: off)")
+
+
+def read_hotwords_file(path: str | Path) -> list[str]:
+    """A hotwords file's phrases, one a line ('#' starts a comment); a bad phrase is named
+    by its line."""
+    from .text.vocabulary import phrases
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MlxSpeechError(f"cannot read hotwords file {path}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    for i, line in enumerate(lines, 1):
+        if line:
+            try:
+                phrases([line])
+            except MlxSpeechError as e:
+                why = re.sub(r"^hotword 1\b", f"line {i}", str(e))
+                raise MlxSpeechError(f"hotwords file {path}: {why}") from None
+    return lines
+
+
+def vocabulary_from_args(args):
+    """The command line's `Vocabulary` (None without phrases, or with --boost 0); checked
+    before any model loads."""
+    from .text.vocabulary import Vocabulary, phrases
+
+    hotwords = args.hotwords or None
+    if args.hotwords_file:  # the flag's phrases, then the file's lines (a line is one phrase)
+        hotwords = phrases(hotwords) + read_hotwords_file(args.hotwords_file)
+    vocabulary = Vocabulary.parse(hotwords, args.boost)
+    if vocabulary is None and args.boost is not None and (args.boost != 0 or not hotwords):
+        raise MlxSpeechError("--boost needs --hotwords or --hotwords-file")
+    return vocabulary
+
+
+def asr_session_kwargs(args) -> dict:
+    """A speech-to-text session's options from the command line: `latency_ms` (the one name
+    both ASR families take) and the vocabulary (`args.vocabulary`, parsed once)."""
+    from .text.vocabulary import session_keywords
+
+    latency = {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
+    return {**latency, **session_keywords(args.vocabulary)}

@@ -98,7 +98,7 @@ class DiarizedTranscript:
     text: str
     words: list[SpeakerWord]
     probs: np.ndarray  # (frames, n_spk) diarizer output
-    segments: list = field(default_factory=list)  # writers.Segment with .speaker
+    segments: list = field(default_factory=list)  # transcript.Segment with .speaker
 
     def turns(self) -> list[tuple[int | None, str]]:
         """(speaker, text) per speaker turn, in order."""

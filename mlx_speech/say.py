@@ -24,9 +24,8 @@ from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
+from . import MlxSpeechError
 from .cliutil import ArgumentParser, add_quantize_args, log, quantize_kwargs, ranged, run_cli
-from .errors import MlxSpeechError
-from .registry import check_loaded
 
 DEFAULT_TTS_MODEL = "mistralai/Voxtral-4B-TTS-2603"
 FORMATS = ("wav", "flac", "ogg", "opus", "mp3", "pcm")
@@ -156,9 +155,9 @@ def _chunks(model, text: str | Iterator[str], args, progress: _Progress):
 
 def play(model, text: str | Iterator[str], args, progress: _Progress) -> float:
     """Stream chunks into the speakers as they are made; returns seconds played."""
+    from . import DeviceError
     from .audio.devices import Speaker
     from .audio.resample import resample
-    from .errors import DeviceError
 
     sr = model.sample_rate
     speaker = Speaker(sr, max(1, sr // 25), device=_device(args.device),  # 40 ms blocks
@@ -225,7 +224,6 @@ def _run(args) -> None:
                                      "text": text if isinstance(text, str) else None},
                             **({"dtype": args.dtype} if args.dtype else {}),
                             **quantize_kwargs(args))
-    check_loaded(args.model, model, "tts")
     if args.list_voices:
         voices = list(model.voices or [])
         print("\n".join(voices) if voices else "(this checkpoint has no voices)")

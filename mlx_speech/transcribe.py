@@ -17,18 +17,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from . import DEFAULT_ASR_MODEL, hotwords
+from . import DEFAULT_ASR_MODEL, MlxSpeechError
 from .cliutil import (
     ArgumentParser,
     add_quantize_args,
+    add_vocabulary_args,
     add_window_args,
+    asr_session_kwargs,
     log,
     quantize_kwargs,
     ranged,
     run_cli,
+    vocabulary_from_args,
     window_kwargs,
 )
-from .errors import MlxSpeechError
 from .transcript import (  # noqa: F401 (pause_break_steps, pause_breaks: re-exported)
     FORMATS,
     format_turns,
@@ -65,12 +67,12 @@ def transcribe_file(model, path: str, args, stop=None) -> str:
     ends it early at a block boundary: the text so far is returned, and
     `args.interrupted_at` says where (seconds), else it is None."""
     from .audio.decode import decode
-    from .writers import write_transcript
+    from .transcript import write_transcript
 
     blocks = decode(path, model.sample_rate, block_s=FEED_S, log=log)
     total = blocks.info.duration
     bar, update = _progress_bar(total)
-    session = model.session(**_mode(args))
+    session = model.session(**asr_session_kwargs(args))
     diarizer = getattr(args, "diarizer_model", None)  # --diarize
     speakers = None
     if diarizer is not None:
@@ -116,22 +118,6 @@ def transcribe_file(model, path: str, args, stop=None) -> str:
         text = format_turns(d.turns()) if args.format == "txt" else text
         segments = d.segments
     return write_transcript(args.format, text, segments, None, extra=extra)
-
-
-def _mode(args) -> dict:
-    """The session options: `latency_ms` (the one name both ASR families take) and the
-    vocabulary (parsed once, from the command line)."""
-    latency = {} if args.latency_ms is None else {"latency_ms": args.latency_ms}
-    return {**latency, **hotwords.session_keywords(args.vocabulary)}
-
-
-def check_latency(model_type: str, latency_ms: int | None) -> None:
-    """--latency-ms against what the model family takes (from its config, before loading;
-    `load(kind="asr")` has already refused other kinds)."""
-    if latency_ms is not None:
-        from .registry import family
-
-        family(model_type).latency.check(latency_ms)
 
 
 class _AudioLog:
@@ -344,7 +330,7 @@ def load_live_vad(args):
     --no-vad."""
     if args.no_vad:
         return None
-    from .errors import CheckpointError
+    from . import CheckpointError
     from .models.silero_vad import load_vad
 
     try:
@@ -363,7 +349,7 @@ def live(model, args, vad=None, diarizer=None, output: Path | None = None) -> No
     from .audio.devices import QUIET_REPORT_S, Microphone
     from .cliutil import stop_on_ctrl_c
 
-    mode = _mode(args)
+    mode = asr_session_kwargs(args)
     copy = None
     if output is not None:
         try:
@@ -445,7 +431,7 @@ def build_parser() -> ArgumentParser:
                    help="the spoken language, for models that take one (Nemotron 3.5: a locale "
                         "such as de-DE, a code such as de, or auto, its default: it detects "
                         "the language and json output reports it)")
-    hotwords.add_arguments(p)
+    add_vocabulary_args(p)
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from -o's extension, else txt)")
     p.add_argument("-o", "--output", help="output file (a folder for several inputs)")
@@ -551,7 +537,7 @@ def _run(args) -> None:
         raise MlxSpeechError("give audio files or --live, not both")
     if not args.live and (args.timestamps or args.no_vad or args.vad or args.words):
         raise MlxSpeechError("--timestamps, --words, --vad and --no-vad are for --live")
-    args.vocabulary = hotwords.from_args(args)  # a bad list fails before loading a model
+    args.vocabulary = vocabulary_from_args(args)  # a bad list fails before loading a model
     if args.save_audio and not args.live:
         raise MlxSpeechError("--save-audio is for --live")
     if args.live:
@@ -585,11 +571,8 @@ def _run(args) -> None:
     # weights load (a model that takes none refuses the option)
     language = {} if args.language is None else {"language": args.language}
     model = mlx_speech.load(args.model, kind="asr", log=log,
-                            check=lambda t: check_latency(t, args.latency_ms),
+                            options={"latency_ms": args.latency_ms},  # before any weights
                             **quantize_kwargs(args), **window_kwargs(args), **language)
-    from .registry import check_loaded
-
-    check_loaded(args.model, model, "asr")
     if args.live:
         live(model, args, vad, args.diarizer_model, outs[0] if outs else None)
         return

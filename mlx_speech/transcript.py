@@ -1,19 +1,113 @@
-"""Transcripts as library code: cues from timed words, pauses from the VAD, and the output
-formats (`mlx_speech.writers`). The CLI and the server both use these."""
+"""Transcripts as library code, used by the CLI and the server alike: the output formats
+(txt, json, srt, vtt), cues from timed words, pauses from the VAD.
+
+Speakers (the library's numbers, 0 first: `mlx_speech.diarize`) are shown here as
+"Speaker 1", "Speaker 2", ...: the command line's form (txt, json, srt, vtt and --live), which
+the realtime server's events share (docs/diarization.md has every surface's form)."""
 
 from __future__ import annotations
 
-from .writers import (
-    FORMATS,
-    Segment,
-    format_json,
-    format_srt,
-    format_turns,
-    format_txt,
-    format_vtt,
-    speaker_name,
-    write_transcript,
-)
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import MlxSpeechError
+
+FORMATS = ("txt", "json", "srt", "vtt")
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    text: str
+    speaker: int | None = None  # set only when diarizing (0: the first voice heard)
+
+
+def speaker_name(speaker: int | None) -> str | None:
+    """A speaker number as the command line shows it: 0 -> "Speaker 1"; None stays None."""
+    return None if speaker is None else f"Speaker {speaker + 1}"
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = max(0, int(seconds * 1000 + 0.5))  # half up, not banker's
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def _cue(s: Segment, sep: str) -> str:
+    # blank lines would end the cue early in srt/vtt
+    lines = [line.strip() for line in s.text.strip().splitlines() if line.strip()]
+    name = speaker_name(s.speaker)
+    if name and lines:  # VTT voice tag; SRT has none, so a "Speaker N: " prefix
+        lines[0] = f"<v {name}>{lines[0]}" if sep == "." else f"{name}: {lines[0]}"
+    times = f"{_timestamp(s.start, sep)} --> {_timestamp(s.end, sep)}"
+    return "\n".join([times, *lines]) + "\n"
+
+
+def format_txt(text: str) -> str:
+    return text.strip() + "\n"
+
+
+def format_turns(turns) -> str:
+    """(speaker, text) per speaker turn -> the txt form: a "Speaker N: text" line each."""
+    return "\n".join(f"{speaker_name(s)}: {t}" if s is not None else t for s, t in turns)
+
+
+def format_json(
+    text: str, segments: Sequence[Segment], extra: dict[str, Any] | None = None
+) -> str:
+    data = {
+        "text": text.strip(),
+        "segments": [
+            {"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text.strip(),
+             **({"speaker": speaker_name(s.speaker)} if s.speaker is not None else {})}
+            for s in segments
+        ],
+        **(extra or {}),
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def format_srt(segments: Sequence[Segment]) -> str:
+    return "\n".join(f"{i}\n{_cue(s, ',')}" for i, s in enumerate(segments, 1))
+
+
+def format_vtt(segments: Sequence[Segment]) -> str:
+    return "\n".join(["WEBVTT\n", *(_cue(s, ".") for s in segments)])
+
+
+def write_transcript(
+    fmt: str,
+    text: str,
+    segments: Sequence[Segment],
+    out: str | Path | None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Format the transcript; write it to `out` when given. Returns the string."""
+    if fmt == "txt":
+        s = format_txt(text)
+    elif fmt == "json":
+        s = format_json(text, segments, extra)
+    elif fmt == "srt":
+        s = format_srt(segments)
+    elif fmt == "vtt":
+        s = format_vtt(segments)
+    else:
+        raise MlxSpeechError(
+            f"unknown output format {fmt!r}: use txt, json, srt or vtt"
+        )
+    if out is not None:
+        try:
+            Path(out).write_text(s, encoding="utf-8")
+        except OSError as e:
+            raise MlxSpeechError(f"cannot write {out}: {e.strerror or e}") from None
+    return s
+
 
 __all__ = ["FORMATS", "Segment", "format_json", "format_srt", "format_turns", "format_txt",
            "format_vtt", "pause_break_steps", "pause_breaks", "segments_from_words",

@@ -160,6 +160,13 @@ class StreamingASR:
     sessions of this owner, checked float32 audio).
     """
 
+    @classmethod
+    def check_session_options(cls, folder, what: str, latency_ms=None, **_) -> None:
+        """Session options checked before any weights are read (`mlx_speech.load(...,
+        options=...)`): `latency_ms` among the family's latencies."""
+        if latency_ms is not None:
+            cls.latency.check(latency_ms)
+
     def _check_sessions(self, sessions) -> None:
         check_sessions(self, sessions)
 

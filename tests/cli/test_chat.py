@@ -3,6 +3,8 @@
 The real-model end to end test (tiny Moshi checkpoint) lives in test_duplex_session.py.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -91,10 +93,11 @@ def test_bad_input_is_one_line(fake, tmp_path, capsys, argv, message):
     assert err[-1].startswith("error:") and message in err[-1]
 
 
-def test_not_a_duplex_model(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(mlx_speech, "load", lambda *a, **k: object())
-    assert chat.main(["--input", str(_wav(tmp_path / "q.wav", 64))]) == 1
-    assert "not a full-duplex" in capsys.readouterr().err
+def test_not_a_duplex_model(tmp_path, capsys):
+    asr = Path(__file__).parents[1] / "golden" / "voxtral_realtime" / "mistral"  # a real one
+    assert chat.main(["--model", str(asr), "--input", str(_wav(tmp_path / "q.wav", 64))]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "speech-to-text model, not full-duplex" in err[-1]
 
 
 class FakeMic:

@@ -246,10 +246,10 @@ def test_list_voices(fake, capsys):
     assert code == 0 and "no voices" in out
 
 
-def test_not_a_tts_model(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(mlx_speech, "load", lambda path, **kw: object())
-    code, _, err = run(["hi", "--model", "asr", "-o", str(tmp_path / "x.wav")], capsys)
-    assert code == 1 and "asr is not a text-to-speech model" in one_line_error(err)
+def test_not_a_tts_model(tmp_path, capsys):
+    asr = TINY_TTS.parents[1] / "voxtral_realtime" / "mistral"  # a real speech-to-text one
+    code, _, err = run(["hi", "--model", str(asr), "-o", str(tmp_path / "x.wav")], capsys)
+    assert code == 1 and "speech-to-text model, not text-to-speech" in one_line_error(err)
 
 
 def test_ctrl_c_while_writing_leaves_no_file(fake, tmp_path, capsys):

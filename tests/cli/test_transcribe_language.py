@@ -71,7 +71,7 @@ def test_subtitles_and_text_hold_no_language_tag(wav, model, fmt):
     """srt, vtt and txt carry the text alone (no language field): the words of `auto`, whose
     tags never reach them."""
     from mlx_speech.transcribe import segments_from_words
-    from mlx_speech.writers import format_srt, format_txt, format_vtt
+    from mlx_speech.transcript import format_srt, format_txt, format_vtt
 
     r = run("mlx_speech.transcribe", str(wav), "--model", str(GOLDEN / "tiny.nemo"),
             "--language", "auto", "--format", fmt)

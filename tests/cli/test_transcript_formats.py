@@ -3,7 +3,7 @@ import json
 import pytest
 
 from mlx_speech.errors import MlxSpeechError
-from mlx_speech.writers import (
+from mlx_speech.transcript import (
     Segment,
     format_json,
     format_srt,

@@ -31,7 +31,7 @@ def test_pyproject_lists_every_package():
 
 
 def test_source_tree_map_matches_pyproject():
-    from mlx_speech._subpackages import SOURCE_TREE
+    from mlx_speech import SOURCE_TREE
 
     assert _pyproject().get("package-dir", {}) == SOURCE_TREE
 

@@ -91,7 +91,7 @@ def test_health_models_and_unknown_model(srv, client):
 @pytest.mark.parametrize("name", ["nm", "vr"])
 def test_transcriptions_every_format(client, models, name):
     from mlx_speech.transcribe import segments_from_words
-    from mlx_speech.writers import format_srt, format_vtt
+    from mlx_speech.transcript import format_srt, format_vtt
 
     x = speechlike(2.0, seed=3)
     ref = models[name].transcribe(x)

@@ -222,8 +222,13 @@ def test_each_surface_names_the_library_speakers_its_own_way():
     heard) as the command line, OpenAI's diarized_json, verbose_json and realtime show them."""
     from mlx_speech.diarize import DiarizedTranscript, SpeakerWord, speaker_segments
     from mlx_speech.server.diarization import diarized_json, speaker_fields
-    from mlx_speech.transcript import format_srt, format_turns, format_vtt, speaker_name
-    from mlx_speech.writers import format_json
+    from mlx_speech.transcript import (
+        format_json,
+        format_srt,
+        format_turns,
+        format_vtt,
+        speaker_name,
+    )
 
     def transcript(speakers):
         words = [SpeakerWord(f"w{i}.", i, i + 0.5, s) for i, s in enumerate(speakers)]

@@ -247,7 +247,7 @@ def test_live_transcription_equals_transcribe_of_what_the_server_received(browse
 
 def test_file_transcription_words_and_subtitle_downloads(browser, site, models, tmp_path):
     from mlx_speech.transcribe import segments_from_words
-    from mlx_speech.writers import format_srt, format_vtt
+    from mlx_speech.transcript import format_srt, format_vtt
 
     x = speechlike(2.0, seed=3)
     clip = tmp_path / "clip.wav"

@@ -24,7 +24,7 @@ from mlx_speech.diarize import (
 from mlx_speech.models import sortformer
 from mlx_speech.models.asr import Transcript
 from mlx_speech.transcribe import transcribe_file
-from mlx_speech.writers import Segment, write_transcript
+from mlx_speech.transcript import Segment, write_transcript
 from tests.support.diarize import script_words as _words
 
 DATA = Path(__file__).parents[2] / "data"
