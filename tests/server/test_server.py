@@ -504,7 +504,7 @@ def test_command_line(monkeypatch, capsys, tmp_path):
         seen[path] = kw
         return nm
 
-    def fake_serve(app, sock, engine):
+    def fake_serve(app, sock, engine, forwarded_allow_ips=None):
         seen["bind"] = sock.getsockname()[:2]
 
     monkeypatch.setattr(mlx_speech, "load", fake_load)
