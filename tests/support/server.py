@@ -73,6 +73,20 @@ class ServerThread:
         return f"ws://127.0.0.1:{self.port}"
 
 
+class HostileServer(ServerThread):
+    """ServerThread, served as `python -m mlx_speech.server` serves (header deadline,
+    keep-alive, shutdown and proxy-header settings of `limits.make_server`)."""
+
+    def __init__(self, models, header_timeout_s: float = 10.0,
+                 forwarded_allow_ips: list[str] | None = None, **kw):
+        from mlx_speech.server.limits import make_server
+
+        self.app, self.engine = make_app(models, **kw)
+        self.serve(make_server(self.app, self.engine, "127.0.0.1", 0,
+                               header_timeout_s=header_timeout_s, log_level="error",
+                               forwarded_allow_ips=forwarded_allow_ips))
+
+
 def server_process(command: list[str], **popen) -> tuple[subprocess.Popen, int]:
     """A server command (`python -m mlx_speech.server ...`) run with `--port 0`: the process
     and the port it bound, read from its "the page: http://...:PORT/" line (waited for, twice
