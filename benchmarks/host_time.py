@@ -2,7 +2,7 @@
 (mlx_speech/nn/compiled.py), per family at the real depth with tiny widths.
 
     python benchmarks/host_time.py [--families voxtral,nemotron,sortformer,moshi]
-        [--config deep|wide|full] [--steps N] [--warmup N] [--no-peer]
+        [--config deep|wide|full] [--steps N] [--warmup N] [--no-peer] [--dtype D]
 
 On a GPU a stream's step costs max(host time, device time): the Python that builds the next
 step's graph runs while the device works on the step before. Host time here is the wall time
@@ -54,6 +54,9 @@ VOXTRAL = {
     "wide": vb.CONFIGS["full-narrow"],
     "full": vb.CONFIGS["full"],
 }
+
+
+DTYPE = [mx.float32]  # --dtype: the weights' type (Voxtral Realtime and Sortformer)
 
 
 class Blocked:
@@ -144,7 +147,7 @@ def voxtral(config: str, steps: int, warmup: int, peer: bool) -> None:
     enc, dec = VOXTRAL[config]["enc"], VOXTRAL[config]["dec"]
     with tempfile.TemporaryDirectory(prefix="host_time_") as tmp:
         folder = Path(tmp)
-        vb.write_checkpoint(folder, enc, dec, mx.float32, seed=0)  # (full: a GPU's job)
+        vb.write_checkpoint(folder, enc, dec, DTYPE[0], seed=0)  # (full: a GPU's job)
         vr = mlx_speech.load(folder)
         sides = {}
         for name in ("plain", "compiled"):
@@ -197,7 +200,7 @@ def sortformer(config: str, steps: int, warmup: int, peer: bool) -> None:
 
     sb.CONFIGS.setdefault("host-deep", dict(sb.CONFIGS["tiny"], n_layers=17, tf_layers=18))
     name = {"deep": "host-deep", "wide": "full-narrow"}.get(config, config)
-    diar = sb.random_diarizer(name, None, mx.float32)
+    diar = sb.random_diarizer(name, None, DTYPE[0])
     sides = {k: feeder(diar, diar.session(), sb.TICK, seed=3) for k in ("plain", "compiled")}
     res = paired(sides, steps, warmup + 3)  # the first chunks wait for their right context
     c = sb.CONFIGS[name]
@@ -262,7 +265,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-peer", action="store_true", help="skip mlx-audio")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="Voxtral Realtime's and Sortformer's weights (the real models: bfloat16)")
     args = ap.parse_args(argv)
+    DTYPE[0] = getattr(mx, args.dtype)
     peer = not args.no_peer
     if peer:
         try:
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"mlx-audio skipped: {e!r}")
             peer = False
     print(f"host time per step | device {mx.default_device()} | mlx {mx.__version__} | "
-          f"{args.config} | median of {args.steps} ticks after {args.warmup} warm-up")
+          f"{args.config} {args.dtype} | median of {args.steps} ticks after {args.warmup} warm-up")
     for name in args.families.split(","):
         FAMILIES[name](args.config, args.steps, args.warmup, peer)
 

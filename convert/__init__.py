@@ -36,7 +36,6 @@ error or Ctrl-C leaves nothing; the same input gives byte-identical files.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from .torchfiles import (
@@ -128,4 +127,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mlx_speech.cliutil import exit_with
+
+    exit_with(main())

@@ -31,7 +31,7 @@ def torch_tensors(src: str | Path, float64: list[str] | None = None) -> dict:
     float64 tensors come back as float32; their names are appended to `float64` if given."""
     import mlx.core as mx
 
-    from mlx_speech.torchfile import flatten_tensors, load_torch
+    from mlx_speech.models.torchfile import flatten_tensors, load_torch
 
     narrowed: list = []
     obj = load_torch(src, narrowed=narrowed)

@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from mlx_speech.converted import FORMAT, MANIFEST, VERSION
 from mlx_speech.errors import MlxSpeechError
+from mlx_speech.hub import FORMAT, MANIFEST, VERSION
 
 from .torchfiles import TORCH_SUFFIXES, save_safetensors, torch_tensors
 

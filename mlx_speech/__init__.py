@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
-# what pip installs this project as (pyproject's [project] name; the import name is mlx_speech).
-# `mlx-speech` on the package index is another project with the same import name.
-DISTRIBUTION = "mlx-realtime-speech"
 
 DEFAULT_ASR_MODEL = "mistralai/Voxtral-Mini-4B-Realtime-2602"
 
 from ._subpackages import install as _install_subpackages  # noqa: E402
+from .errors import DISTRIBUTION  # noqa: E402  (what pip installs this project as)
 
 _install_subpackages()  # convert/ as mlx_speech.convert in a source checkout
 
@@ -38,6 +36,22 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
     family (`registry.check_session_options`) at the same points, so a voice it lacks is refused
     before the weights are read.
     """
+    from .registry import model_module, name_of
+
+    model_type, folder = locate(path_or_repo, kind=kind, check=check, log=log, options=options,
+                                **kwargs)
+    if log is not None:
+        log(f"loading {path_or_repo} ({name_of(model_type)})")
+    return model_module(model_type).load(folder, **kwargs)
+
+
+def locate(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] | None = None,
+           check=None, log=None, options: dict | None = None, **kwargs):
+    """Everything `load` does before reading weights: (model type, local path of the
+    checkpoint). The checks of `load` run (`kind`, `check`, the options the family's loader
+    takes and their values against the checkpoint's configs), a hub repo's files are
+    downloaded, nothing is loaded: `load(path, **kwargs)` later loads the same model (a server
+    that loads models on first use checks them at start)."""
     import inspect
     from pathlib import Path
 
@@ -59,21 +73,17 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
             raise CheckpointError(msg)
         if check is not None:
             check(model_type)
-        loader(model_type)  # options it does not take: refused before any weights
-        if folder is not None:  # option values against the checkpoint's own files
-            check_load_options(model_type, folder, kwargs)
-            if options:
-                check_session_options(model_type, folder, str(path_or_repo), options)
-
-    def loader(model_type: str):
-        load = model_module(model_type).load
+        load = model_module(model_type).load  # options it does not take: refused here
         params = inspect.signature(load).parameters
         if not any(q.kind is q.VAR_KEYWORD for q in params.values()):
             unknown = sorted(set(kwargs) - set(params))
             if unknown:  # e.g. a Voxtral-only option for another model
                 raise MlxSpeechError(f"{name_of(model_type)} models take no "
                                      f"{', '.join(unknown)} option")
-        return load
+        if folder is not None:  # option values against the checkpoint's own files
+            check_load_options(model_type, folder, kwargs)
+            if options:
+                check_session_options(model_type, folder, str(path_or_repo), options)
 
     p = Path(path_or_repo).expanduser()
     if p.is_file() and p.suffix in ARCHIVES:  # e.g. a NeMo .nemo archive
@@ -83,9 +93,7 @@ def load(path_or_repo: str = DEFAULT_ASR_MODEL, *, kind: str | tuple[str, ...] |
         # a hub repo holding one .nemo archive resolves to that file
         model_type = archive_type(folder) if folder.is_file() else detect_model_type(folder)
     checks(model_type, folder)
-    if log is not None:
-        log(f"loading {path_or_repo} ({name_of(model_type)})")
-    return loader(model_type)(folder, **kwargs)
+    return model_type, folder
 
 
-__all__ = ["DEFAULT_ASR_MODEL", "DISTRIBUTION", "__version__", "load"]
+__all__ = ["DEFAULT_ASR_MODEL", "DISTRIBUTION", "__version__", "load", "locate"]

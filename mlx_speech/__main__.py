@@ -1,5 +1,3 @@
-import sys
+from .cli import dispatch
 
-from .cli import main
-
-sys.exit(main())
+dispatch()

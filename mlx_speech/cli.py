@@ -34,5 +34,25 @@ def main(argv: list[str] | None = None) -> int:
     return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
 
 
+def _entry(command: str):
+    def run():
+        from .cliutil import exit_with
+
+        exit_with(importlib.import_module(COMMANDS[command]).main())
+
+    run.__name__ = command
+    return run
+
+
+# the console scripts (pyproject [project.scripts]): each command's main, ended by exit_with
+transcribe, say, chat, convert, server, app, doctor = map(_entry, COMMANDS)
+
+
+def dispatch() -> None:
+    from .cliutil import exit_with
+
+    exit_with(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    dispatch()

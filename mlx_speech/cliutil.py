@@ -86,6 +86,17 @@ def stop_on_ctrl_c():
         signal.signal(signal.SIGINT, previous)
 
 
+def exit_with(code: int):
+    """End the process with a command's exit code. The command has ended: a Ctrl-C that comes
+    while the interpreter winds down (MLX freeing its streams, files closing) is ignored rather
+    than killing the process by SIGINT mid-exit, which a caller would read as a crash."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+    sys.exit(code)
+
+
 def run_cli(run: Callable[[object], None], args) -> int:
     """Run `run(args)`: bad input is one `error: ...` line and exit 1, Ctrl-C exit 130.
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
+# what pip installs this project as (pyproject's [project] name; the import name is mlx_speech).
+# `mlx-speech` on the package index is another project with the same import name.
+DISTRIBUTION = "mlx-realtime-speech"
+
 
 class MlxSpeechError(Exception):
     """Base class for errors caused by bad input, files or environment."""
@@ -67,8 +71,6 @@ def optional(extra: str, what: str, error: type[MlxSpeechError] = MissingDepende
 def install_hint(extra: str) -> str:
     """`pip install 'mlx-realtime-speech[EXTRA]'`: what adds an extra (from a clone too: pip
     keeps the installed checkout and adds the extra's packages)."""
-    from mlx_speech import DISTRIBUTION
-
     return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 

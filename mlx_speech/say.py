@@ -250,4 +250,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mlx_speech.cliutil import exit_with
+
+    exit_with(main())

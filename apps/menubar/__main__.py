@@ -1,5 +1,5 @@
-import sys
+from mlx_speech.cliutil import exit_with
 
 from . import main
 
-sys.exit(main())
+exit_with(main())

@@ -124,6 +124,7 @@ class ModelInfo:
     error: str | None = None
     voices: tuple[str, ...] = ()
     latencies: tuple[int, ...] = ()  # a speech model's latency choices (ms)
+    languages: tuple[str, ...] = ()  # the languages a speech model takes (none: it takes none)
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,7 @@ class App:
         s = self.settings
         # the session is queued before the first block (it waits behind a model load)
         self.engine.begin(sid, s.asr_model, {"latency_ms": s.latency_ms.get(s.asr_model),
+                                             "language": s.language.get(s.asr_model),
                                              "stop_after_silence_ms": s.handsfree_stop_ms,
                                              "vocabulary": s.dictation_vocabulary()})
         try:
@@ -708,7 +710,8 @@ class App:
         same = old.model_id == ev.model_id
         self.models[ev.kind] = ModelInfo(ev.model_id, ev.status, ev.done, ev.total, ev.error,
                                          ev.voices or (old.voices if same else ()),
-                                         ev.latencies or (old.latencies if same else ()))
+                                         ev.latencies or (old.latencies if same else ()),
+                                         ev.languages or (old.languages if same else ()))
         if ev.status == "failed":
             self._fail(f"cannot load {ev.model_id}: {ev.error}")
         if ev.status == "ready":
@@ -722,7 +725,7 @@ class App:
             if m.status == "ready":
                 self.engine.unload(kind)
                 self.models[kind] = ModelInfo(m.model_id, "unloading", voices=m.voices,
-                                              latencies=m.latencies)
+                                              latencies=m.latencies, languages=m.languages)
 
     def _touch(self) -> None:
         self._last_used = self.clock()
@@ -782,6 +785,9 @@ class App:
         elif name == "latency_ms":  # the current speech model's; "": its default
             latency = {k: v for k, v in s.latency_ms.items() if k != s.asr_model}
             self._set(latency_ms={**latency, **({s.asr_model: int(arg)} if arg else {})})
+        elif name == "language":  # the current speech model's; "": its default
+            language = {k: v for k, v in s.language.items() if k != s.asr_model}
+            self._set(language={**language, **({s.asr_model: arg} if arg else {})})
         elif name == "login_item":
             self._login_item(not s.login_item)
         elif name == "quit":

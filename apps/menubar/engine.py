@@ -249,6 +249,7 @@ class Engine:
         self.emit(ModelStatus(kind, model_id, "ready",  # the kind was checked: its contract
                               voices=tuple(model.voices) if kind == "tts" else (),
                               latencies=model.latency.values() if kind == "asr" else (),
+                              languages=tuple(model.languages or ()) if kind == "asr" else (),
                               seconds=time.monotonic() - t0))
         return model
 
@@ -374,9 +375,10 @@ def _user_error(e: Exception) -> bool:
 
 
 def _session_kwargs(model, options: dict) -> dict:
-    """The session's keywords: `latency_ms`, the settings' one for this model (None: the
-    model's default; one it does not take, e.g. from a file written by hand, falls back to the
-    default, said on stderr), and the vocabulary (parsed once, from the settings)."""
+    """The session's keywords: `latency_ms` and `language`, the settings' ones for this model
+    (None: the model's default; one it does not take, e.g. from a file written by hand, falls
+    back to the default, said on stderr), and the vocabulary (parsed once, from the
+    settings)."""
     from mlx_speech.errors import MlxSpeechError
     from mlx_speech.text.vocabulary import session_keywords
 
@@ -387,6 +389,15 @@ def _session_kwargs(model, options: dict) -> dict:
             kw["latency_ms"] = model.latency.check(v)
         except MlxSpeechError as e:
             print(f"note: the model's default latency instead: {e}", file=sys.stderr)
+    lang = options.get("language")
+    if lang is not None:
+        try:
+            if model.languages is None:
+                raise MlxSpeechError(f"{model.name} takes no language (set: {lang!r})")
+            model.resolve_language(lang)
+            kw["language"] = lang
+        except MlxSpeechError as e:
+            print(f"note: the model's default language instead: {e}", file=sys.stderr)
     return kw
 
 

@@ -65,6 +65,7 @@ class ModelStatus:
     voices: tuple[str, ...] = ()
     seconds: float = 0.0  # load time once ready
     latencies: tuple[int, ...] = ()  # a speech model's latency choices (ms), once ready
+    languages: tuple[str, ...] = ()  # the languages a speech model takes, once ready (or none)
 
 
 @dataclass(frozen=True)

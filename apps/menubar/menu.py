@@ -84,6 +84,8 @@ def state_name(v) -> str:
     if v.error:
         return "error"
     if v.listening:
+        if v.asr.status in ("loading", "downloading"):  # the dictation waits for its model
+            return v.asr.status
         return "silent_mic" if v.silent else "listening"
     if v.finalizing:
         return "finalizing"
@@ -144,6 +146,8 @@ def present(v) -> Menu:
         want = "Downloading" if state == "downloading" else "Loading"
         status = next(x for x in lines if x and x.startswith(want))
     items = [MenuItem(status)]
+    if v.listening and state in ("loading", "downloading"):
+        items.append(MenuItem("Listening: what you say is kept until the model is ready"))
     for label, m, line in zip(("speech model", "voice model"), (v.asr, v.tts), lines, strict=True):
         if line and line != status:
             items.append(MenuItem(line))
@@ -188,6 +192,7 @@ def present(v) -> Menu:
                      checked=s.handsfree_stop_ms == ms) for ms in HANDSFREE_STOP_CHOICES)),
         MenuItem("Latency", children=_latencies(s.latency_ms.get(s.asr_model),
                                                 v.asr.latencies)),
+        *_language_menu(s.language.get(s.asr_model), v.asr.languages),
         MenuItem("Unload models when idle", children=tuple(
             MenuItem(f"after {m} min" if m else "never", f"unload_after:{m}",
                      checked=s.unload_after_min == m) for m in UNLOAD_CHOICES)),
@@ -206,6 +211,20 @@ def _latencies(current: int | None, values: tuple[int, ...]) -> tuple[MenuItem, 
     values = values or (() if current is None else (current,))
     return (MenuItem("Model default", "latency_ms:", checked=current is None),
             *(MenuItem(f"{d} ms", f"latency_ms:{d}", checked=current == d) for d in values))
+
+
+def _language_menu(current: str | None, names: tuple[str, ...]) -> tuple[MenuItem, ...]:
+    """Settings › Language, for a speech model that takes languages (its `languages`, known
+    once it has loaded; until then the one set for it): none for a model that takes none."""
+    from mlx_speech.text.language_names import label, offered
+
+    names = offered(names) if names else (() if current is None else (current,))
+    if not names:
+        return ()
+    return (MenuItem("Language", children=(
+        MenuItem("Model default", "language:", checked=current is None),
+        *(MenuItem("Detect automatically" if n == "auto" else label(n), f"language:{n}",
+                   checked=current == n) for n in names))),)
 
 
 def _picker(action: str, models, current: str) -> tuple[MenuItem, ...]:

@@ -23,6 +23,8 @@ ASR_MODELS = (
     ("mlx-community/Voxtral-Mini-4B-Realtime-6bit", "Voxtral Realtime 6-bit", "voxtral_realtime"),
     ("nvidia/nemotron-speech-streaming-en-0.6b", "Nemotron streaming (English)",
      "nemotron_asr_streaming"),
+    ("nvidia/nemotron-3.5-asr-streaming-0.6b", "Nemotron 3.5 streaming (multilingual)",
+     "nemotron3_5_asr"),
 )
 ASR_TYPES = {mid: t for mid, _, t in ASR_MODELS}
 TTS_MODELS = (
@@ -32,7 +34,9 @@ TTS_MODELS = (
 )
 TOGGLES = ("tap", "double_tap")
 UNLOAD_CHOICES = (5, 10, 30, 0)  # minutes; 0 = keep loaded
+SMALL_MACHINE = 17 << 30  # bytes: a "16 GB" Mac and smaller unload idle models by default
 HANDSFREE_STOP_CHOICES = (1000, 2000, 3000, 5000, 0)  # ms of silence; 0 = only a tap stops
+MAX_LANGUAGE_CHARS = 32  # a language name ("de-DE", "auto"); longer ones are dropped on read
 # settings files from before one latency per model kept Voxtral's as delay_ms and Nemotron's as
 # latency_ms: each goes to the pickers' models of its type
 OLD_LATENCY_KEYS = {"delay_ms": "voxtral_realtime", "latency_ms": "nemotron_asr_streaming"}
@@ -45,6 +49,10 @@ class Settings:
     # speech model id -> its streaming latency (ms); absent: the model's default. The menu
     # offers the loaded model's values (`model.latency.values()`)
     latency_ms: dict = field(default_factory=dict)
+    # speech model id -> the language its dictation is in (a name of `model.languages`, e.g.
+    # "de-DE" or "auto"), for models that take one; absent: the model's default. Files from
+    # before it have none: every model its default
+    language: dict = field(default_factory=dict)
     # phrases dictation should favour (names, jargon), and how strongly (phrase boosting;
     # docs/vocabulary-and-timing.md); an empty list or 0 leaves the model as it is
     vocabulary: list = field(default_factory=list)
@@ -67,7 +75,8 @@ class Settings:
     # hands-free dictation ends by itself once the speaker has been silent this long (the
     # Silero VAD); 0 = only a tap ends it
     handsfree_stop_ms: int = 2000
-    unload_after_min: int = 10  # 0 = never
+    # 0 = never; by default 10 on a machine with 16 GB or less (one speech model fills it)
+    unload_after_min: int = field(default_factory=lambda: default_unload_after_min())
     preload_asr: bool = True
     recent_size: int = 10
     login_item: bool = False
@@ -102,6 +111,8 @@ class Settings:
         if not isinstance(data.get("latency_ms"), dict):  # an older file: delay_ms, latency_ms
             s.latency_ms = _old_latencies(data, s.asr_model)
         s.latency_ms = {k: v for k, v in s.latency_ms.items() if isinstance(k, str) and _ms(v)}
+        s.language = {k: v for k, v in s.language.items() if isinstance(k, str)
+                      and isinstance(v, str) and 0 < len(v) <= MAX_LANGUAGE_CHARS}
         s.vocabulary = [p for p in s.vocabulary if isinstance(p, str) and p.strip()
                         and len(p) <= MAX_PHRASE_CHARS][:MAX_PHRASES]
         if not 0 <= s.vocabulary_boost <= 100:
@@ -114,6 +125,21 @@ class Settings:
         """The vocabulary as the sessions take it (None: nothing to boost); the entries
         `from_json` kept always parse."""
         return Vocabulary.parse(self.vocabulary, self.vocabulary_boost)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None when the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_unload_after_min(memory: int | None = None) -> int:
+    """The idle minutes after which models unload, unless the user chose: 10 on a machine
+    with 16 GB of memory or less (or that does not say), else 0 (kept loaded)."""
+    memory = physical_memory() if memory is None else memory
+    return 10 if memory is None or memory <= SMALL_MACHINE else 0
 
 
 def _ms(v) -> bool:

@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from mlx_speech.errors import AudioError, optional
+from mlx_speech.errors import DISTRIBUTION, AudioError, optional
 
 # container suffixes FFmpeg reads for us (through PyAV); everything else goes to libsndfile
 AV_SUFFIXES = (".m4a", ".mp4", ".mov", ".webm", ".mkv", ".aac")
@@ -66,8 +66,6 @@ class AudioInfo:
 
 def supported() -> str:
     """The formats, as error messages list them."""
-    from mlx_speech import DISTRIBUTION
-
     av = ", ".join(s[1:] for s in AV_SUFFIXES)
     return (f"mlx_speech reads {SOUNDFILE_NAMES}; {av} with PyAV (pip install "
             f"'{DISTRIBUTION}[formats]')")

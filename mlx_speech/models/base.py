@@ -13,10 +13,19 @@ Every model:
     sample_rate  the audio rate it takes (asr, vad, diarizer, duplex) or makes (tts), in Hz
     session(**options)   a streaming session
     weight_bytes()       bytes of the loaded weights
-Speech-to-text also: `latency` (a `Latency`), `transcribe`, `feed_many`, `finish_many`,
-`tokenizer`. Text-to-speech: `voices`, `generate`, `stream`. Full duplex: `frame_size`,
-`voices`, `roles` (whether sessions take a text role prompt). Diarizer: `n_speakers`,
-`feed_many`, `finish_many`. VAD: `make_state`, called on (audio, state). A speech-to-text
+Speech-to-text also: `latency` (a `Latency`), `languages`, `spoken`, `transcribe`,
+`feed_many`, `finish_many`, `tokenizer`, where
+    languages    what sessions' `language=` takes (names such as "de-DE", "de" and "auto"), or
+                 None when the model takes no language (it is given none: it transcribes what
+                 it hears). The class attribute is the family's, for checks before a load; a
+                 loaded model's is its checkpoint's, and `resolve_language(name) -> (name, slot)`
+                 resolves one of them (a one-line MlxSpeechError listing them otherwise)
+    spoken       the ISO 639 codes ("de"; two letters where there are two) of the languages it
+                 transcribes (class attribute): what a front door may take as a hint for a model
+                 that takes no language (`text.language_names.language_code` of a client's name)
+Text-to-speech: `voices`, `generate`, `stream`. Full duplex: `frame_size`, `voices`, `roles`
+(whether sessions take a text role prompt). Diarizer: `n_speakers`, `feed_many`,
+`finish_many`. VAD: `make_state`, called on (audio, state). A speech-to-text
 session takes `vocabulary` (a `mlx_speech.text.vocabulary.Vocabulary`, parsed at the edge).
 `check_sessions` / `checked_pairs` are the checks every batched `feed_many` / `finish_many`
 makes before any session moves.
@@ -109,6 +118,8 @@ class SpeechModel(Protocol):
 
 class ASRModel(SpeechModel, Protocol):
     latency: Latency
+    languages: tuple[str, ...] | None
+    spoken: ClassVar[tuple[str, ...]]
 
     def transcribe(self, audio, sample_rate: int = 16000, **options): ...
 

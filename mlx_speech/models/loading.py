@@ -19,10 +19,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..converted import is_converted
-from ..converted import weight_files as converted_files
 from ..errors import CheckpointError
-from ..hub import read_json
+from ..hub import is_converted, read_json
+from ..hub import weight_files as converted_files
 from ..nn import quant
 
 Remap = Callable[[dict[str, mx.array], set[str]], dict[str, mx.array]]
@@ -37,6 +36,12 @@ def read_config(folder: Path, model_type: str) -> dict:
     if c.get("model_type") != model_type:
         raise CheckpointError(f"{folder} holds a {c.get('model_type')!r} model, not {model_type}")
     return c
+
+
+def declared_quantization(folder: Path) -> dict | None:
+    """What a folder's config.json declares of its quantization (`quant.declared`), if any."""
+    cfg = Path(folder) / "config.json"
+    return quant.declared(read_json(cfg) if cfg.exists() else None)
 
 
 def weight_files(folder: Path, pattern: str = "model*.safetensors") -> list[Path]:

@@ -173,15 +173,11 @@ def infer_quantization(weights: Mapping[str, mx.array], path: str,
     return {"group_size": group, "bits": bits, "mode": mode}
 
 
-def declared(config) -> dict | None:
-    """The {bits, group_size, mode} a config (dict or config.json path) declares under
-    `quantization` / `quantization_config`; None when absent or set per layer."""
+def declared(config: Mapping | None) -> dict | None:
+    """The {bits, group_size, mode} a config declares under `quantization` /
+    `quantization_config`; None when absent or set per layer."""
     if config is None:
         return None
-    if not isinstance(config, Mapping):
-        from ..hub import read_json
-
-        config = read_json(config) if config.exists() else {}
     q = config.get("quantization") or config.get("quantization_config")
     if not isinstance(q, Mapping) or "bits" not in q:
         return None

@@ -17,11 +17,13 @@ from starlette.datastructures import UploadFile
 from .common import KEY_SUBPROTOCOL, AsyncSink, ItemDeltas, ModelNotFound, Served
 from .common import pcm16_bytes as _pcm16
 from .jobs import AsrStream, DiarizerStream
-from .limits import Limits, Shutdown, default_max_sessions, while_connected
+from .languages import languages_field, verbose_language
+from .limits import RETRY_AFTER_S, Limits, Shutdown, session_budget, while_connected
+from .models import ModelUnavailable
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
 from .uploads import QUEUE_S, PauseJob, UploadRefused, feed, open_upload
-from .validate import Invalid, diarize_form, form_vocabulary
+from .validate import Invalid, diarize_form, form_language, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
 from .vocabulary import prepare, result_logprobs, session_factory
@@ -161,6 +163,14 @@ def create_app(served: Served) -> FastAPI:
         return JSONResponse(error_body(str(exc), "invalid_request_error", exc.code, "model"),
                             status_code=status)
 
+    @app.exception_handler(ModelUnavailable)
+    async def _unavailable(request: Request, exc: ModelUnavailable):
+        if exc.code == "model_load_failed":
+            return JSONResponse(error_body(str(exc), "server_error", exc.code, "model"),
+                                status_code=500)
+        return JSONResponse(error_body(str(exc), "server_error", exc.code), status_code=503,
+                            headers={"retry-after": str(RETRY_AFTER_S)})
+
     @app.exception_handler(Invalid)
     async def _invalid(request: Request, exc: Invalid):
         return JSONResponse(error_body(str(exc), param=exc.param), status_code=400)
@@ -175,15 +185,31 @@ def create_app(served: Served) -> FastAPI:
         e = served.engine
         if e.healthy:  # the model ids (local paths) only to key holders
             keyed = served.api_key is not None and request.scope.get("state", {}).get("key_ok")
-            return {"status": "ok", "models": list(served.models)} if keyed else {"status": "ok"}
+            if keyed:  # and which of them are loaded now
+                return {"status": "ok", "models": list(served.models), "loaded": [
+                    m for m in served.models if served.models.state(m) == "loaded"]}
+            return {"status": "ok"}
         return JSONResponse({"status": "unhealthy", "error": e.failed or "engine stopped"},
                             status_code=503)
 
+    def model_entry(m: str) -> dict:
+        return {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
+                "kind": served.kind(m), **served.details(m)}
+
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [
-            {"id": m, "object": "model", "created": served.created, "owned_by": "mlx_speech",
-             "kind": served.kind(m), **served.details(m)} for m in served.models]}
+        return {"object": "list", "data": [model_entry(m) for m in served.models]}
+
+    @app.post("/v1/models/{model_id:path}/load")
+    async def load_model(model_id: str):
+        """An extension: load a model now (the page, before its tab is used) and answer its
+        entry, details included; as any request naming it, it waits for the load."""
+        need_engine()
+        if model_id not in served.models:
+            raise ModelNotFound(f"model {model_id!r} is not served here; served: "
+                                f"{', '.join(served.models)}")
+        (await served.models.acquire(model_id)).release()
+        return model_entry(model_id)
 
     def need_engine():
         if not served.engine.healthy:
@@ -202,7 +228,7 @@ def create_app(served: Served) -> FastAPI:
         f = form.get("file")
         if not isinstance(f, UploadFile):
             raise _http_error(400, "missing the audio 'file' field", param="file")
-        name, model = served.find(_field(form, "model"), "asr")
+        name = served.pick(_field(form, "model"), "asr")
         fmt = _field(form, "response_format") or "json"
         if fmt not in TRANSCRIPT_FORMATS:
             raise _http_error(400, f"response_format must be one of "
@@ -217,13 +243,6 @@ def create_app(served: Served) -> FastAPI:
             raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
                               f"{served.max_upload_bytes} bytes", "request_too_large", "file")
         vocabulary = await asyncio.to_thread(form_vocabulary, form)  # off the event loop
-        rate = model.sample_rate
-        try:  # from the header (and a float file's samples), before any engine work
-            upload = await open_upload(f.file, f.filename, size, rate, served.max_upload_s)
-        except UploadRefused as e:
-            raise _http_error(e.status, str(e), e.code, "file") from None
-        # the list's graph, built off the engine; held (`walk`) until the session is made
-        walk = await prepare(model, vocabulary)
         include = form.getlist("include[]") + form.getlist("include")
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
         loop = asyncio.get_running_loop()
@@ -233,10 +252,23 @@ def create_app(served: Served) -> FastAPI:
             queues[name] = asyncio.Queue()
             return AsyncSink(queues[name], loop)
 
-        room = int(QUEUE_S * rate)
-        s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary, want_lp),
-                                           sink("asr"), max_samples=room))
-        jobs = [s]
+        lease = await served.acquire(name, "asr")  # loaded first, when it is not
+        try:  # held until its jobs are submitted: the engine's job then keeps it loaded
+            model = lease.model
+            language = form_language(form, model)  # before the upload is read: a 400 naming them
+            rate = model.sample_rate
+            try:  # from the header (and a float file's samples), before any engine work
+                upload = await open_upload(f.file, f.filename, size, rate, served.max_upload_s)
+            except UploadRefused as e:
+                raise _http_error(e.status, str(e), e.code, "file") from None
+            # the list's graph, built off the engine; held (`walk`) until the session is made
+            walk = await prepare(model, vocabulary)
+            room = int(QUEUE_S * rate)
+            jobs = [served.engine.submit(AsrStream(
+                model, session_factory(model, vocabulary, want_lp, language), sink("asr"),
+                max_samples=room))]
+        finally:
+            lease.release()
         if diarize:  # the diarizer and the pause finder take the same blocks, alongside
             jobs.append(served.engine.submit(DiarizerStream(served.diarizer, sink("speakers"),
                                                             max_samples=room)))
@@ -244,10 +276,10 @@ def create_app(served: Served) -> FastAPI:
             jobs.append(served.engine.submit(PauseJob(served.vad, sink("pauses"), room)))
         feeder = asyncio.ensure_future(_feed(upload, rate, jobs, queues["asr"]))
         if stream:
-            return StreamingResponse(_sse_transcript(queues["asr"], jobs, feeder, walk,
-                                                     "word" in grans, model if want_lp else None,
-                                                     model),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_sse_transcript(
+                queues["asr"], jobs, feeder, walk, "word" in grans, model if want_lp else None,
+                model, lambda r: languages_field(model, r, language)),
+                media_type="text/event-stream")
         try:  # the client gone: every job is closed, the engine drops them at its next tick
             got = await while_connected(request, _upload_results(
                 queues, feeder, served.diarizer.n_speakers if diarize else 0))
@@ -266,8 +298,10 @@ def create_app(served: Served) -> FastAPI:
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
-                                                       segments=d.segments), d)
-        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks or ())
+                                                       segments=d.segments,
+                                                       said=(model, language)), d)
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks or (),
+                                    said=(model, language))
         if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
             resp["logprobs"] = result_logprobs(model, result)
         return resp
@@ -286,7 +320,7 @@ def create_app(served: Served) -> FastAPI:
         from ..models.voxtral_tts import MAX_FRAMES
 
         _check_speech(body, MAX_FRAMES)
-        name, model = served.find(body.get("model"), "tts")
+        name = served.pick(body.get("model"), "tts")
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise _http_error(400, "'input' must be non-empty text", param="input")
@@ -302,9 +336,6 @@ def create_app(served: Served) -> FastAPI:
             raise _http_error(400, "stream_format must be 'audio' or 'sse'",
                               param="stream_format")
         voice = body.get("voice") or None
-        if voice is not None and voice not in model.voices:
-            raise _http_error(400, f"unknown voice {voice!r}; voices: "
-                              f"{', '.join(model.voices) or 'none'}", param="voice")
         seed = body.get("seed")
         if seed is None:
             seed = secrets.randbelow(2**31)
@@ -329,9 +360,17 @@ def create_app(served: Served) -> FastAPI:
         # this model (one batched forward): exactly `stream()`'s audio for this text
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        job = served.engine.submit(SpeechJob(model, lambda: model.session(
-            voice=voice, seed=seed, max_frames=max_frames, text=text, **chunking),
-            AsyncSink(q, loop)))
+        lease = await served.acquire(name, "tts")  # loaded first, when it is not
+        try:  # held until its job is submitted: the engine's job then keeps it loaded
+            model = lease.model
+            if voice is not None and voice not in model.voices:
+                raise _http_error(400, f"unknown voice {voice!r}; voices: "
+                                  f"{', '.join(model.voices) or 'none'}", param="voice")
+            job = served.engine.submit(SpeechJob(model, lambda: model.session(
+                voice=voice, seed=seed, max_frames=max_frames, text=text, **chunking),
+                AsyncSink(q, loop)))
+        finally:
+            lease.release()
         headers = {"x-seed": str(seed)}
         sr = model.sample_rate
         if streaming:  # the status line waits for the first audio (its time is a header)
@@ -372,9 +411,9 @@ def create_app(served: Served) -> FastAPI:
     add_kyutai(app, served)
     add_page(app)
     app.state.shutdown = Shutdown()  # begun by limits.make_server's Server
-    app.add_middleware(Limits, max_sessions=served.max_sessions
-                       or default_max_sessions(served.models), max_per_ip=served.max_per_ip,
-                       shutdown=app.state.shutdown)
+    app.add_middleware(Limits, max_per_ip=served.max_per_ip, max_sessions=lambda: (
+        served.max_sessions or session_budget(served.models.budgets())),  # models load later
+        shutdown=app.state.shutdown)
     app.add_middleware(Guard, served=served)
     app.add_middleware(Defences, served=served)  # outermost: Host, Origin, content type
     if served.allowed_origins:
@@ -503,12 +542,13 @@ def _sse_error(ev) -> str:
 
 
 async def _sse_transcript(q: asyncio.Queue, jobs: list, feeder, walk, words: bool = False,
-                          lp_model=None, model=None):
+                          lp_model=None, model=None, languages=lambda result: {}):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
     for (an extension: OpenAI's streaming has none) the done event also carries `words`;
     `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`, each delta exactly its
-    own tokens'. The upload is decoded into the stream meanwhile (`feeder`); `walk` holds the
-    vocabulary's graph until the stream's session is made."""
+    own tokens'; `languages(result)`: the done event's `languages` (server/languages.py). The
+    upload is decoded into the stream meanwhile (`feeder`); `walk` holds the vocabulary's
+    graph until the stream's session is made."""
     text = ItemDeltas(model.tokenizer)
     try:
         while True:
@@ -526,6 +566,7 @@ async def _sse_transcript(q: asyncio.Queue, jobs: list, feeder, walk, words: boo
                                 **({"logprobs": lp} if lp else {})})
                 seconds = await feeder
                 done = {"type": "transcript.text.done", "text": result.text,
+                        **languages(result),
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
                 if words:
                     done["words"] = _words(result)
@@ -544,7 +585,10 @@ async def _sse_transcript(q: asyncio.Queue, jobs: list, feeder, walk, words: boo
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),
-                         segments=None):
+                         segments=None, *, said: tuple):
+    """`said`: (the model, the request's checked language), for the language fields
+    (server/languages.py)."""
+    model, language = said
     from ..transcript import format_srt, format_vtt, segments_from_words
 
     if fmt == "text":
@@ -556,9 +600,11 @@ def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(
     if fmt == "vtt":
         return PlainTextResponse(format_vtt(segments), media_type="text/vtt")
     if fmt == "json":
-        return {"text": result.text, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+        return {"text": result.text, **languages_field(model, result, language),
+                "usage": {"type": "duration", "seconds": round(seconds, 3)}}
     out = {
-        "task": "transcribe", "language": "", "duration": round(seconds, 3), "text": result.text,
+        "task": "transcribe", "language": verbose_language(model, result, language),
+        "duration": round(seconds, 3), "text": result.text,
         "segments": [{"id": i, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3),
                       "text": s.text, "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
                       "compression_ratio": 0.0, "no_speech_prob": 0.0}

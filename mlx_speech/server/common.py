@@ -30,9 +30,10 @@ class ModelNotFound(Exception):
 
 @dataclass
 class Served:
-    """The models (by the id given to --model), the engine and the limits."""
+    """The models (a `server.models.Models` store, by the id given to --model), the engine
+    and the limits."""
 
-    models: dict[str, object]
+    models: object  # server.models.Models
     engine: Engine
     api_key: str | None = None
     allowed_origins: list[str] = field(default_factory=list)
@@ -45,43 +46,35 @@ class Served:
     bind_host: str = "127.0.0.1"
     allowed_hosts: list[str] = field(default_factory=list)
     voices_dir: str | None = None
-    max_sessions: int | None = None  # None: limits.default_max_sessions(models)
+    max_sessions: int | None = None  # None: limits.default_max_sessions of the models
     max_per_ip: int = 32
     max_upload_s: float = 10800.0  # seconds of audio an upload may hold (server/uploads.py)
 
     def kind(self, model_id: str) -> str:
-        return model_kind(self.models[model_id])
+        return self.models.kind(model_id)
 
     def details(self, model_id: str) -> dict:
-        """What a client needs beyond the kind: the sample rate, the voices (TTS, PersonaPlex),
-        whether a duplex model takes voice and role prompts (`roles`: PersonaPlex)."""
-        m = self.models[model_id]
-        out = {"sample_rate": m.sample_rate}
-        if self.kind(model_id) != "asr":
-            out["voices"] = list(m.voices)
-        if self.kind(model_id) == "duplex":
-            out["roles"] = m.roles
+        """What a client needs beyond the kind: whether it is loaded; once it has been, the
+        sample rate, the voices (TTS, PersonaPlex), whether a duplex model takes voice and
+        role prompts (`roles`: PersonaPlex), the
+        languages a speech-to-text model takes (`languages`, when it takes any)."""
+        out = self.models.details(model_id)
         if self.kind(model_id) == "asr" and self.diarizer is not None:
             out["diarize"] = True  # the server can label speakers (--diarizer)
         return out
 
-    def find(self, name: str | None, kind: str) -> tuple[str, object]:
-        """The served model called `name` (None: the only one of `kind`)."""
-        ids = [m for m in self.models if self.kind(m) == kind]
-        if not name:
-            if len(ids) == 1:
-                return ids[0], self.models[ids[0]]
-            if not ids:
-                raise ModelNotFound(f"this server has no {KINDS[kind]} model (serving: "
-                                    f"{', '.join(self.models)})")
-            raise ModelNotFound(f"name a model: one of {', '.join(ids)}", "model_required")
-        if name not in self.models:
-            raise ModelNotFound(f"model {name!r} is not served here; served: "
-                                f"{', '.join(self.models)}")
-        if name not in ids:
-            raise ModelNotFound(f"model {name!r} is a {KINDS[self.kind(name)]} model, not "
-                                f"{KINDS[kind]} (those served: {', '.join(ids) or 'none'})")
-        return name, self.models[name]
+    def pick(self, name: str | None, kind: str) -> str:
+        """The id of the served model called `name` (None: the only one of `kind`); loads
+        nothing. ModelNotFound says what is served."""
+        return self.models.pick(name, kind)
+
+    async def acquire(self, name: str | None, kind: str, loading=None):
+        """A `Lease` on the served model called `name` (None: the only one of `kind`),
+        loaded first when it is not (`loading(entry)` hears of that before the wait); raises
+        ModelNotFound, or ModelUnavailable (server/models.py) when it cannot be loaded in
+        time. Release the lease when the request or session is done (a job submitted with
+        the model keeps it loaded by itself)."""
+        return await self.models.acquire(self.pick(name, kind), loading)
 
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."

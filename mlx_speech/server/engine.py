@@ -16,6 +16,7 @@ import collections
 import logging
 import threading
 import traceback
+from collections.abc import Callable
 
 from ..errors import MlxSpeechError
 
@@ -39,6 +40,8 @@ class Engine:
         self.ticks = 0
         self.batch_sizes: collections.Counter = collections.Counter()  # streams per model call
         self.cancel_reason: str | None = None  # set (from a signal handler): fail everything
+        # run on this thread after every step and idle wait (freeing idle models)
+        self.chores: list[Callable[[], None]] = []
 
     def cancel_all(self, reason: str) -> None:
         """Fail every open job at the engine's next look (within IDLE_WAIT_S): a plain
@@ -78,6 +81,11 @@ class Engine:
         """Jobs submitted and not yet dropped (closed or finished, seen at a tick)."""
         return len(self._jobs) + len(self._new)
 
+    def uses(self, model) -> bool:
+        """Whether a job not yet dropped steps `model` (the engine thread)."""
+        return any(j.model is model for j in self._jobs) or any(
+            j.model is model for j in list(self._new))
+
     def batches(self, items: list) -> list[list]:
         """`items` as the model calls that step them: one call, or one each (batch=False)."""
         if not items:
@@ -88,7 +96,10 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._stop:
-                if not self.step():
+                busy = self.step()
+                for chore in self.chores:
+                    chore()
+                if not busy:
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
         except BaseException as e:  # a dead engine must not leave clients hanging

@@ -23,6 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 from . import limits
 from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
 from .jobs import BufferFull, Conversation
+from .models import ModelUnavailable
 from .security import resolve_voice
 from .validate import Invalid, kyutai_query
 
@@ -59,16 +60,28 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
 
 async def _chat(ws: WebSocket, served: Served) -> None:
+    """A conversation, holding its model (loaded first when it is not: the handshake byte
+    comes once it is, and the session is ready) until the socket closes."""
     try:
         qp = kyutai_query(ws.query_params)
-        _, model = served.find(qp.get("model"), "duplex")
-        voice = qp.get("voice") or qp.get("voice_prompt")
-        voice = resolve_voice(model, voice, served.voices_dir) if voice else None
-    except Invalid as e:
+        if (qp.get("format") or "opus") not in ("opus", "pcm"):
+            raise Invalid("format", "format must be opus or pcm")
+        lease = await served.acquire(qp.get("model"), "duplex")
+    except (Invalid, ModelNotFound, ModelUnavailable) as e:
         await ws.send_bytes(ERROR + str(e).encode())
         await ws.close()
         return
-    except ModelNotFound as e:
+    try:
+        await _converse(ws, served, qp, lease.model)
+    finally:
+        lease.release()
+
+
+async def _converse(ws: WebSocket, served: Served, qp: dict, model) -> None:
+    try:
+        voice = qp.get("voice") or qp.get("voice_prompt")
+        voice = resolve_voice(model, voice, served.voices_dir) if voice else None
+    except Invalid as e:
         await ws.send_bytes(ERROR + str(e).encode())
         await ws.close()
         return
@@ -77,10 +90,6 @@ async def _chat(ws: WebSocket, served: Served) -> None:
         await ws.close()
         return
     fmt = qp.get("format") or "opus"
-    if fmt not in ("opus", "pcm"):
-        await ws.send_bytes(ERROR + b"format must be opus or pcm")
-        await ws.close()
-        return
     if fmt == "opus":
         try:
             import sphn

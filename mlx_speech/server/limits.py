@@ -54,18 +54,25 @@ def default_max_sessions(models: dict) -> int:
     batched into shared steps); with a full-duplex model, as many conversations as half the
     machine's memory holds after the weights (each has its own KV cache: ~1.6 GB for a 7B
     Moshi at its 3000-step context), between 1 and 64."""
-    duplex = [m for m in models.values() if m.kind == "duplex"]
-    if not duplex:
-        return 64
     try:
-        ram = _physical_memory()
-        if ram is None:
-            return 8
-        weights = sum(m.weight_bytes() for m in models.values())
-        per = max(duplex_session_bytes(m) for m in duplex)
-        return int(min(64, max(1, (ram // 2 - weights) // per)))
+        budgets = [(m.kind, m.weight_bytes(), duplex_session_bytes(m) if m.kind == "duplex"
+                    else 0) for m in models.values()]
     except Exception:  # a model without the expected config: a fixed guess
         return 8
+    return session_budget(budgets)
+
+
+def session_budget(budgets: list[tuple]) -> int:
+    """`default_max_sessions` from (kind, weight bytes, bytes per duplex session) of each
+    model (a server that loads models when used knows those of the models loaded so far)."""
+    per = [b for kind, _, b in budgets if kind == "duplex"]
+    if not per:
+        return 64
+    ram = _physical_memory()
+    if ram is None:
+        return 8
+    weights = sum(w for _, w, _ in budgets)
+    return int(min(64, max(1, (ram // 2 - weights) // max(per))))
 
 
 def _client_ip(scope) -> str:
@@ -129,13 +136,16 @@ class Limits:
     and the shutdown of HTTP requests: once `shutdown` begins, a request still pending is
     answered 503 `server_shutdown` at once (one already streaming is ended)."""
 
-    def __init__(self, app, max_sessions: int, max_per_ip: int,
-                 shutdown: Shutdown | None = None):
-        self.app = app
+    def __init__(self, app, max_sessions, max_per_ip: int, shutdown: Shutdown | None = None):
+        self.app = app  # max_sessions: an int, or a function giving it now
         self.max_sessions, self.max_per_ip = max_sessions, max_per_ip
         self.sessions = 0
         self.per_ip: collections.Counter = collections.Counter()
         self.shutdown = shutdown or Shutdown()
+
+    def session_limit(self) -> int:
+        m = self.max_sessions
+        return m() if callable(m) else m
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket") or scope["path"] == "/health":
@@ -147,8 +157,8 @@ class Limits:
         if self.per_ip[ip] >= self.max_per_ip:
             why = (f"too many connections from this address (limit {self.max_per_ip}); "
                    "try again later", "too_many_connections")
-        elif session and self.sessions >= self.max_sessions:
-            why = (f"the server is at its limit of {self.max_sessions} live sessions; try "
+        elif session and self.sessions >= (limit := self.session_limit()):
+            why = (f"the server is at its limit of {limit} live sessions; try "
                    "again later", "server_busy")
         if why is not None:
             if ws:
@@ -167,7 +177,6 @@ class Limits:
             self.per_ip[ip] -= 1
             if self.per_ip[ip] <= 0:
                 del self.per_ip[ip]
-
 
     async def _until_shutdown(self, scope, receive, send) -> None:
         """The request, unless the server shuts down first: then it is cancelled and answered

@@ -33,8 +33,10 @@ from ..audio.resample import StreamingResampler
 from .common import AsyncSink, ItemDeltas, ModelNotFound, Served, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
 from .jobs import AsrStream, Budget, BufferFull
+from .languages import language_field, languages_field
+from .models import ModelUnavailable, acquire_told
 from .turns import TurnStream
-from .validate import Invalid, append_samples, realtime_event
+from .validate import Invalid, append_samples, language, realtime_event
 from .vocabulary import (
     LOGPROBS_INCLUDE,
     ChangeRate,
@@ -89,6 +91,7 @@ class _Connection:
         self.texts: dict[str, ItemDeltas] = {}
         self.model_id: str | None = None
         self.model = None
+        self.lease = None  # the connection's hold on `model` (server/models.py)
         self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
         self.walk = None  # holds the vocabulary's context graph (built) while it is in use
         self.vocab_rate = ChangeRate()
@@ -97,9 +100,41 @@ class _Connection:
         self.budget = Budget(int(self.engine.max_buffer_s * VLLM_RATE))
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
         self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
+        # the spoken language: as the client gave it, and as validate.language checked it for
+        # the connection's model (what the next sessions take)
+        self.language_raw: str | None = None
+        self.language: str | None = None
 
     def send(self, event: dict) -> None:
         self.out.put_nowait(("local", event))
+
+    async def hold(self, model_id: str):
+        """A lease on `model_id` (this connection's own when it is its model already); a
+        model not loaded yet is loaded first, the client told by `model.loading` then
+        `model.loaded` events. None, after an error event, when it cannot be had."""
+        if self.lease is not None and self.lease.id == model_id:
+            return self.lease
+        try:
+            return await acquire_told(self.served.models, model_id,
+                                      lambda ev: self.send(self.model_event(ev)))
+        except ModelUnavailable as e:
+            self.error(e.code, str(e))
+            return None
+
+    def keep(self, lease) -> None:
+        """Make `lease`'s model this connection's (the one held before is let go)."""
+        if lease is not self.lease:
+            if self.lease is not None:
+                self.lease.release()
+            self.lease, self.model_id, self.model = lease, lease.id, lease.model
+
+    def let_go(self, lease) -> None:
+        """Release `lease` unless it is the connection's own (a model named and then refused)."""
+        if lease is not self.lease:
+            lease.release()
+
+    def model_event(self, event: dict) -> dict:
+        return event
 
     def open_stream(self, item: str, make_session) -> AsrStream | None:
         """A new item's transcription stream; None when MAX_ITEMS are still open."""
@@ -139,9 +174,17 @@ class _Connection:
                                                AsyncSink(self.out, self.loop, "speakers"))
         return True
 
-    def session_factory(self, model, **kw):
-        """`model`'s session factory with this connection's vocabulary and logprobs."""
-        return session_factory(model, self.vocabulary, self.logprobs, **kw)
+    def session_factory(self, model, language: str | None = None, **kw):
+        """`model`'s session factory with this connection's vocabulary and logprobs, and
+        `language` (checked for `model`)."""
+        return session_factory(model, self.vocabulary, self.logprobs, language, **kw)
+
+    def check_language(self, model, event: dict, param: str) -> tuple[str | None, str | None]:
+        """(as given, as checked) of the language the connection takes with `model` after
+        an update: `event`'s `language` when it names one (null: none), else the one it had.
+        Raises Invalid."""
+        raw = event["language"] if "language" in event else self.language_raw
+        return raw, language(model, raw, param)
 
     def set_include(self, include) -> str | None:
         """OpenAI's `include`; an error message for a bad one."""
@@ -180,6 +223,7 @@ class _Connection:
                            f"({self.engine.failed or 'stopped'})")
                 await asyncio.sleep(0)
                 return
+            await self.opened()
             await self.read_loop()
         except WebSocketDisconnect:
             pass
@@ -188,6 +232,8 @@ class _Connection:
                 s.close()
             self.streams.clear()
             self.speakers.close()
+            if self.lease is not None:
+                self.lease.release()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(), 1.0)
             writer.cancel()
@@ -260,6 +306,7 @@ class _Connection:
 
     # dialect hooks
     def hello(self) -> None: ...
+    async def opened(self) -> None: ...
     def error(self, code: str, message: str) -> None: ...
     async def handle(self, event: dict) -> None: ...
     def engine_event(self, item: str, ev) -> list[dict]: ...
@@ -285,23 +332,29 @@ class VllmConnection(_Connection):
         t = event.get("type")
         if t == "session.update":
             try:
-                model_id, model = self.served.find(event.get("model"), "asr")
+                model_id = self.served.pick(event.get("model"), "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e))
                 return
+            lease = await self.hold(model_id)
+            if lease is None:
+                return
+            try:  # vLLM's top-level `language`, for the next utterances; extension:
+                raw, lang = self.check_language(lease.model, event, "language")
+                asked = "hotwords" in event or "boost" in event  # hotwords / boost for them
+                vocab, walk = await self.new_vocabulary(lease.model, event if asked else None,
+                                                        "hotwords")
+            except Invalid as e:  # the update is not applied
+                self.let_go(lease)
+                self.error(e.code or "invalid_value", str(e))
+                return
+            self.keep(lease)
+            self.language_raw, self.language = raw, lang
+            self.vocabulary, self.walk = vocab, walk
             if event.get("diarize") and not self.diarize():  # speakers on each utterance
                 self.error("invalid_value", "this server has no diarizer (start it with "
                            "--diarizer)")
                 return
-            try:  # extension: hotwords / boost for the next utterances
-                asked = "hotwords" in event or "boost" in event
-                vocab, walk = await self.new_vocabulary(model, event if asked else None,
-                                                        "hotwords")
-            except Invalid as e:  # the update is not applied
-                self.error(e.code or "invalid_value", str(e))
-                return
-            self.model_id, self.model = model_id, model
-            self.vocabulary, self.walk = vocab, walk
             if err := self.set_include(event.get("include")):  # extension, as OpenAI's
                 self.error("invalid_value", err)
         elif t == "input_audio_buffer.append":
@@ -350,7 +403,8 @@ class VllmConnection(_Connection):
 
     def start(self) -> bool:
         """A new utterance (False: too many are being transcribed)."""
-        s = self.open_stream(f"utt-{self.n_items + 1}", self.session_factory(self.model))
+        s = self.open_stream(f"utt-{self.n_items + 1}",
+                             self.session_factory(self.model, self.language))
         if s is None:
             return False
         self.n_items += 1
@@ -383,6 +437,7 @@ class VllmConnection(_Connection):
             if result.logprobs is not None:
                 extra["logprobs"] = result_logprobs(self.model, result)
             out.append({"type": "transcription.done", "text": result.text,
+                        **language_field(self.model, result, self.language),
                         "usage": usage(result, self.seconds.pop(item, 0.0)), **extra,
                         **self.speakers.fields(item, result)})
             self.stream_done(item)
@@ -428,8 +483,8 @@ class OpenAIConnection(_Connection):
         self.turns = None  # the TurnStream, once audio came in VAD mode
         self.held: dict[str, list[dict]] = {}  # VAD items' deltas before their commit
         self.legacy = False
-        try:  # ?model=..., else the only ASR model when there is one
-            self.model_id, self.model = self.served.find(ws.query_params.get("model"), "asr")
+        try:  # ?model=..., else the only ASR model when there is one (held once open)
+            self.model_id = self.served.pick(ws.query_params.get("model"), "asr")
         except ModelNotFound as e:
             if ws.query_params.get("model"):
                 self.bad_model = str(e)
@@ -439,6 +494,8 @@ class OpenAIConnection(_Connection):
 
     def session_object(self) -> dict:
         tr = {"model": self.model_id}
+        if self.language_raw is not None:
+            tr["language"] = self.language_raw
         if self.delay is not None:
             tr["delay"] = self.delay
         if self.speakers.on:
@@ -461,6 +518,17 @@ class OpenAIConnection(_Connection):
                    "session": self.session_object()})
         if self.bad_model:
             self.error("model_not_found", self.bad_model)
+
+    async def opened(self) -> None:
+        if self.model_id is not None:  # the query's model: loaded now, when it is not
+            lease = await self.hold(self.model_id)
+            if lease is None:
+                self.model_id = None
+            else:
+                self.keep(lease)
+
+    def model_event(self, event: dict) -> dict:
+        return {**event, "event_id": self._event_id()}
 
     def error(self, code: str, message: str, event_id: str | None = None,
               param: str | None = None) -> None:
@@ -552,10 +620,12 @@ class OpenAIConnection(_Connection):
                 self.error("invalid_value", "only pcm16 input is supported", eid)
                 return
             inp = {"transcription": session.get("input_audio_transcription") or {}}
+            where = "session.input_audio_transcription"  # for errors naming a field
             if "turn_detection" in session:
                 inp["turn_detection"] = session["turn_detection"]
         else:
             inp = (session.get("audio") or {}).get("input") or {}
+            where = "session.audio.input.transcription"
         fmt = inp.get("format") or {}
         rate = self.rate
         if fmt:
@@ -594,18 +664,36 @@ class OpenAIConnection(_Connection):
                        "--diarizer)", eid, "session.audio.input.transcription.diarize")
             return
         delay = tr.get("delay", self.delay)  # one of DELAY_NAMES (checked by realtime_event)
-        model_id, model = self.model_id, self.model
+        model_id = self.model_id
         name = tr.get("model")
         if name is not None:
             try:
-                model_id, model = self.served.find(name, "asr")
+                model_id = self.served.pick(name, "asr")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), eid)
                 return
-        if self.turns is not None and (model is not self.model or delay != self.delay):
-            self.error("invalid_value", "the model and delay are fixed once audio was appended "
-                       "with turn detection on", eid)
+        if self.turns is not None and (model_id != self.model_id or delay != self.delay):
+            self.error("invalid_value", "the model, delay and language are fixed once audio was "
+                       "appended with turn detection on", eid)
             return
+        lease = None if model_id is None else await self.hold(model_id)
+        if model_id is not None and lease is None:
+            return
+        raw, lang = self.language_raw, self.language
+        if lease is not None:  # the language for this model (OpenAI's ISO-639-1, or `auto`)
+            try:
+                raw, lang = self.check_language(lease.model, tr, f"{where}.language")
+            except Invalid as e:
+                self.let_go(lease)
+                self.error("invalid_value", str(e), eid, e.param)
+                return
+        elif "language" in tr:
+            raw = tr["language"]  # checked once a model is named
+        if self.turns is not None and lang != self.language:
+            self.error("invalid_value", "the model, delay and language are fixed once audio was "
+                       "appended with turn detection on", eid)
+            return
+        model = self.model if lease is None else lease.model
         vocab, walk = self.vocabulary, self.walk
         asked = any(k in tr for k in ("hotwords", "boost", "prompt"))
         if asked or model is not self.model:  # hotwords / boost: an extension; prompt:
@@ -613,9 +701,14 @@ class OpenAIConnection(_Connection):
                 vocab, walk = await self.new_vocabulary(  # this update waits for it
                     model, tr if asked else None, "session.audio.input.transcription")
             except Invalid as e:
+                if lease is not None:
+                    self.let_go(lease)
                 self.error(e.code or "invalid_value", str(e), eid, e.param)
                 return
-        self.rate, self.delay, self.model_id, self.model = rate, delay, model_id, model
+        self.rate, self.delay = rate, delay
+        self.language_raw, self.language = raw, lang
+        if lease is not None:
+            self.keep(lease)
         self.vocabulary, self.walk = vocab, walk  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
@@ -629,11 +722,12 @@ class OpenAIConnection(_Connection):
                    "event_id": self._event_id(), "session": self.session_object()})
 
     def make_session(self):
-        """The ASR session factory for this connection's model and delay (engine thread)."""
-        model = self.model  # the vocabulary as it is when each turn's session is made
-        kw = {} if self.delay is None else {  # OpenAI's delay names, in the family's latencies
-            "latency_ms": model.latency.preset(self.delay)}
-        return lambda: self.session_factory(model, **kw)()
+        """The ASR session factory for this connection's model, delay and language (engine
+        thread)."""
+        model, language = self.model, self.language  # the vocabulary as it is when each
+        kw = {} if self.delay is None else {  # turn's session is made; OpenAI's delay names,
+            "latency_ms": model.latency.preset(self.delay)}  # in the family's latencies
+        return lambda: self.session_factory(model, language, **kw)()
 
     def invalid(self, e: Invalid, event: dict) -> None:
         eid = event.get("event_id")
@@ -740,7 +834,8 @@ class OpenAIConnection(_Connection):
                         **base, "event_id": self._event_id(), "transcript": result.text,
                         "usage": {"type": "tokens", "input_tokens": u["prompt_tokens"],
                                   "output_tokens": u["completion_tokens"],
-                                  "total_tokens": u["total_tokens"]}, **extra,
+                                  "total_tokens": u["total_tokens"]},
+                        **languages_field(self.model, result, self.language), **extra,
                         **self.speakers.fields(item, result)})
             self.stream_done(item)
         elif ev[0] == "error":

@@ -37,6 +37,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from . import limits
 from .common import AsyncSink, ModelNotFound, Served, answer_subprotocol, pcm16_bytes
+from .models import ModelUnavailable, acquire_told
 from .speech import OpusChunks, SpeechJob
 from .validate import (
     MAX_GENERATION_CHARS,
@@ -72,8 +73,9 @@ class SpeechStream:
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue = asyncio.Queue()
         self.model_id, self.model = None, None
-        with contextlib.suppress(ModelNotFound):  # the only TTS model, if there is one
-            self.model_id, self.model = served.find(None, "tts")
+        self.lease = None  # the socket's hold on `model` (server/models.py)
+        with contextlib.suppress(ModelNotFound):  # the only TTS model (held once open)
+            self.model_id = served.pick(None, "tts")
         self.voice: str | None = None
         self.seed: int | None = None
         self.format = "pcm"
@@ -167,6 +169,9 @@ class SpeechStream:
                 self.error("processing_error", "the engine is not running "
                            f"({self.engine.failed or 'stopped'})")
                 return
+            if self.model_id is not None:  # loaded now, when it is not
+                if (lease := await self.hold(self.model_id, None)) is not None:
+                    self.keep(lease)
             await self.read_loop(writer)
         except WebSocketDisconnect:
             pass
@@ -174,6 +179,8 @@ class SpeechStream:
             for g in self.gens.values():  # the client left: every job is dropped
                 g.job.close()
             self.gens.clear()
+            if self.lease is not None:
+                self.lease.release()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._drain(writer), 1.0)
             writer.cancel()
@@ -198,7 +205,7 @@ class SpeechStream:
                                              return_when=asyncio.FIRST_COMPLETED)
                 if recv in done:
                     msg, recv = recv.result(), None
-                    if not self.message(msg):
+                    if not await self.message(msg):
                         return
                 elif writer not in done and time.monotonic() - self.active >= idle:
                     self.error("idle_timeout", f"no client event and no audio for {idle:g} s; "
@@ -208,7 +215,7 @@ class SpeechStream:
             if recv is not None:
                 recv.cancel()
 
-    def message(self, msg: dict) -> bool:
+    async def message(self, msg: dict) -> bool:
         """One client message; False when the socket is to close."""
         from ..models.voxtral_tts import MAX_FRAMES
 
@@ -242,18 +249,18 @@ class SpeechStream:
             self.error("unknown_event", f"unknown event type {event['type']!r}", None, eid)
             return True
         try:
-            self.handle(event, at)
+            await self.handle(event, at)
         except Exception as e:  # a bug, not the client's: say so and keep the socket
             log.exception("speech stream event %r failed", event.get("type"))
             self.error("server_error", f"internal error ({type(e).__name__})", None, eid)
         return not (self.ending and not self.gens)  # input_text.end, nothing left to say
 
-    def handle(self, event: dict, at: float) -> None:
+    async def handle(self, event: dict, at: float) -> None:
         t, eid = event["type"], event.get("event_id")
         if self.ending:
             self.error("session_ended", "input_text.end was sent: no more events", None, eid)
         elif t == "session.update":
-            self.update(event["session"], eid)
+            await self.update(event["session"], eid)
         elif t == "input_text.append":
             self.append(event["text"], at, eid)
         elif t == "input_text.flush":
@@ -268,25 +275,52 @@ class SpeechStream:
         elif t == "speech.cancel":  # barge-in: everything this socket is saying stops
             self.cancel_all()
 
-    def update(self, session: dict, eid) -> None:
+    async def hold(self, model_id: str, eid):
+        """A lease on `model_id` (the socket's own when it is its model already), loaded
+        first when it is not (`model.loading` / `model.loaded` events); None, after an error
+        event, when it cannot be had."""
+        if self.lease is not None and self.lease.id == model_id:
+            return self.lease
+        try:
+            return await acquire_told(self.served.models, model_id, lambda ev: self.send(
+                {**ev, "event_id": self.event_id()}))
+        except ModelUnavailable as e:
+            self.error(e.code, str(e), "session.model", eid)
+            return None
+
+    def keep(self, lease) -> None:
+        """Make `lease`'s model the socket's (the one held before is let go)."""
+        if lease is not self.lease:
+            if self.lease is not None:
+                self.lease.release()
+            self.lease, self.model_id, self.model = lease, lease.id, lease.model
+
+    async def update(self, session: dict, eid) -> None:
         if self.open is not None:
             self.error("generation_open", "flush the text given so far (input_text.flush) "
                        "before changing the session", "session", eid)
             return
-        model_id, model = self.model_id, self.model
+        lease = self.lease
         if "model" in session and session["model"] is not None:
             try:
-                model_id, model = self.served.find(session["model"], "tts")
+                model_id = self.served.pick(session["model"], "tts")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), "session.model", eid)
                 return
+            if (lease := await self.hold(model_id, eid)) is None:
+                return
+        model = lease.model if lease is not None else None
         voice = session.get("voice", self.voice) or None  # "" or null: the model's default
         if voice is not None and (model is None or voice not in model.voices):
             known = ", ".join(model.voices) if model is not None else "none"
             self.error("invalid_value", f"unknown voice {voice!r}; voices: {known}",
                        "session.voice", eid)
+            if lease is not self.lease:
+                lease.release()
             return
-        self.model_id, self.model, self.voice = model_id, model, voice
+        if lease is not None:
+            self.keep(lease)
+        self.voice = voice
         self.seed = session.get("seed", self.seed)
         self.format = session.get("response_format") or self.format
         self.clause_words = session.get("clause_words", self.clause_words)
@@ -297,11 +331,14 @@ class SpeechStream:
     def generation(self, eid) -> Generation | None:
         """A new generation, taking text (None, with an error sent, without a model)."""
         if self.model is None:
-            try:
-                self.model_id, self.model = self.served.find(None, "tts")
+            try:  # no model held: say why (none, several, or it could not be loaded)
+                self.served.pick(None, "tts")
             except ModelNotFound as e:
                 self.error("model_not_found", str(e), "session.model", eid)
                 return None
+            self.error("model_not_found", "the model could not be had (see the error "
+                       "before); name it in session.update", "session.model", eid)
+            return None
         model, voice, max_frames = self.model, self.voice, self.max_frames
         seed = secrets.randbelow(2**31) if self.seed is None else self.seed
         clause_words = self.clause_words

@@ -228,7 +228,7 @@ _boost = nullable(boost_value)
 
 VLLM_EVENTS: dict[str, Check] = {
     "session.update": obj({"model": _name, "event_id": _event_id, "diarize": nullable(boolean),
-                           "hotwords": _hotwords, "boost": _boost}),
+                           "hotwords": _hotwords, "boost": _boost, "language": _name}),
     "input_audio_buffer.append": obj({"audio": _audio}, required=("audio",)),
     "input_audio_buffer.commit": obj({"final": nullable(boolean)}),
 }
@@ -332,6 +332,34 @@ def speech_stream_event(event: dict, max_frames_cap: int) -> bool:
     return True
 
 
+# ---------------------------------------------------------------- the language
+
+
+def language(model, value, param: str = "language") -> str | None:
+    """A client's `language` for `model` (OpenAI's ISO 639-1 `de`, a locale `de-DE` or `de_DE`,
+    `auto`; None or "": none). For a model that takes languages (`model.languages`): the name
+    its sessions take (`model.resolve_language`; an unknown one lists them). For a model that
+    takes none: None for `auto`, else the language as given when the model transcribes it (a
+    hint it does not need: `en` for the English Nemotron), else refused. Raises Invalid."""
+    from ..text.language_names import english_name, language_code
+
+    if value is None or value == "":
+        return None
+    value = string()(value, param)
+    if model.languages is not None:
+        try:
+            return model.resolve_language(value)[0]
+        except MlxSpeechError as e:
+            raise Invalid(param, f"{param}: {e}") from None
+    if value.strip().lower() == "auto":
+        return None
+    if language_code(value) in model.spoken:
+        return value.strip()
+    spoken = ", ".join(f"{english_name(c) or c} ({c})" for c in model.spoken)
+    raise Invalid(param, f"{param}: {model.name} takes no language and transcribes only "
+                  f"{spoken}; got {value!r}")
+
+
 # ---------------------------------------------------------------- REST
 
 
@@ -390,6 +418,11 @@ def form_vocabulary(form):
              for v in form.getlist(k)]
     return vocabulary(",".join(items) or None, _form_text(form, "prompt"),
                       _form_text(form, "boost"))
+
+
+def form_language(form, model) -> str | None:
+    """POST /v1/audio/transcriptions: `language` for `model` (`language`), before any work."""
+    return language(model, _form_text(form, "language"))
 
 
 def diarize_form(form, fmt: str, stream: bool, have_diarizer: bool) -> bool:

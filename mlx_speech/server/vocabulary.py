@@ -101,8 +101,12 @@ def new_logprobs(session):
     return lp.take() if lp is not None and lp.new else None
 
 
-def session_factory(model, vocabulary=None, logprobs: bool = False, **kw):
-    """`model.session` with the vocabulary (a `Vocabulary` or None), logprobs and any
-    streaming-mode keywords bound."""
+def session_factory(model, vocabulary=None, logprobs: bool = False,
+                    language: str | None = None, **kw):
+    """`model.session` with the vocabulary (a `Vocabulary` or None), logprobs, the language
+    (checked by validate.language: passed on to a model that takes languages; a hint to one
+    that takes none is not) and any streaming-mode keywords bound."""
+    if language is not None and model.languages is not None:
+        kw["language"] = language
     kw = {**kw, **session_keywords(vocabulary), **({"logprobs": True} if logprobs else {})}
     return functools.partial(model.session, **kw) if kw else model.session

@@ -15,7 +15,7 @@ import unicodedata
 from pathlib import Path
 
 from ..errors import CheckpointError, MlxSpeechError
-from ..protobuf import fields as _fields
+from .protobuf import fields as _fields
 from .spm_encode import SentencePieceEncoder
 
 SPACE = "\u2581"

@@ -156,8 +156,9 @@ class FakeSession:
 
 
 class FakeASR:
-    kind, family = "asr", "nemotron_streaming"
+    kind, family, name = "asr", "nemotron_streaming", "Fake speech-to-text"
     sample_rate = 16000
+    languages, spoken = None, ("en",)  # it takes no language
     latency = Latency("latency", 160, dict(zip(DELAY_NAMES, (80, 160, 560, 1120, 1120),
                                                strict=True)), choices_ms=(80, 160, 560, 1120))
 

@@ -50,6 +50,19 @@ def hold_to_talk(app, clock) -> int:
     return sid
 
 
+def inserted_once_ready(app, clock, events, gate, state: str) -> None:
+    """Let go of the dictation key while the model is not ready: nothing is typed; once the
+    gate lets the model through, the whole dictation is inserted, and the menu went through
+    `state` meanwhile."""
+    key(app, clock, "dictate", False, 0.5)
+    advance(app, clock, 0.05)
+    assert app.view().finalizing == 1 and app.ports.inserter.calls == []
+    gate.set()
+    pump_until(app, lambda: kinds(events, "inserted"))
+    assert kinds(events, "inserted")[0]["text"] == "w0 w1 w2 w3 w4"
+    assert state in states(events)
+
+
 def kinds(events, kind):
     return [e for e in events if e["event"] == kind]
 
@@ -189,13 +202,7 @@ def test_dictation_during_model_load_is_queued_not_lost():
         advance(app, clock, 0.3)
         for _ in range(5):
             app.ports.microphone.push(SOUND)
-        key(app, clock, "dictate", False, 0.5)
-        advance(app, clock, 0.05)
-        assert app.view().finalizing == 1 and app.ports.inserter.calls == []
-        gate.set()  # the model arrives
-        pump_until(app, lambda: kinds(events, "inserted"))
-        assert kinds(events, "inserted")[0]["text"] == "w0 w1 w2 w3 w4"
-        assert "downloading" in states(events)
+        inserted_once_ready(app, clock, events, gate, "downloading")  # the model arrives
     finally:
         gate.set()
         engine.shutdown()
@@ -437,6 +444,58 @@ def test_idle_unload_after_the_setting_and_never_while_busy():
     assert "unload" not in app.engine.names()
     advance(app, clock, 61)
     assert ("unload", "asr") in app.engine.calls
+
+
+class QuietGate:
+    """A store whose model is on disk but slow to load: "loading" (no download) until the
+    gate opens."""
+
+    def __init__(self, gate: threading.Event):
+        self.gate = gate
+
+    def ensure(self, model_id, progress, kind=None):
+        assert self.gate.wait(10)
+        return model_id
+
+
+def test_an_unloaded_model_reloads_on_the_hotkey_with_loading_shown_and_nothing_lost():
+    """Unloaded after the idle minutes; the hotkey starts the dictation at once: the menu
+    shows "loading" (and that the words are kept) while the model loads again, and the
+    first dictation, spoken during the load, is inserted whole."""
+    gate = threading.Event()
+    gate.set()
+    holder: list = []
+    engine, models = real_engine(holder, store=QuietGate(gate))
+    app, clock, events = make_app(Settings(asr_model="asr", tts_model="tts",
+                                           unload_after_min=10), engine=engine)
+    holder.append(app)
+    try:
+        app.engine.load("asr", "asr")
+        pump_until(app, lambda: app.models["asr"].status == "ready")
+        advance(app, clock, 10 * 60 + 1)
+        pump_until(app, lambda: app.models["asr"].status == "unloaded")
+        gate.clear()  # the reload now takes a while
+        key(app, clock, "dictate", True)
+        advance(app, clock, 0.3)
+        for _ in range(5):
+            app.ports.microphone.push(SOUND)
+        pump_until(app, lambda: app.models["asr"].status == "loading")
+        menu = present(app.view())
+        assert menu.state == "loading" and app.view().listening
+        assert "Listening: what you say is kept until the model is ready" in [
+            it.title for it in menu.items]
+        inserted_once_ready(app, clock, events, gate, "loading")  # the model is back
+    finally:
+        gate.set()
+        engine.shutdown()
+
+
+def test_models_unload_by_default_only_on_machines_of_16_gb_or_less():
+    from mlx_speech.app.settings import default_unload_after_min
+
+    assert [default_unload_after_min(gb << 30) for gb in (8, 16, 24, 64)] == [10, 10, 0, 0]
+    assert Settings().unload_after_min == default_unload_after_min()
+    assert Settings.from_json({"unload_after_min": 30}).unload_after_min == 30  # chosen: kept
 
 
 def test_menu_actions_change_and_persist_settings(tmp_path):

@@ -216,6 +216,11 @@ def test_every_model_type_has_a_kind():
         assert kind_of(t) == cls.kind in KIND_NAMES and name_of(t) == cls.name and cls.family
         if cls.kind == "asr":
             assert cls.latency.check(cls.latency.default_ms) == cls.latency.default_ms
+            # what `language=` takes (None: none), and the ISO 639 codes it transcribes
+            assert cls.languages is None or (cls.languages and all(
+                isinstance(n, str) for n in cls.languages))
+            assert cls.spoken and all(c.isalpha() and c.islower() and 2 <= len(c) <= 3
+                                      for c in cls.spoken)
     assert set(COMMANDS) <= set(KIND_NAMES)
 
 

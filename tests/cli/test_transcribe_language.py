@@ -64,3 +64,20 @@ def test_unknown_languages_are_refused_in_one_line(wav, vr_dir):
     seed = str(Path(__file__).parents[1] / "golden" / "nemotron")
     r = run("mlx_speech.transcribe", str(wav), "--model", seed, "--language", "de")
     assert r.returncode == 1 and "English only" in r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "txt"])
+def test_subtitles_and_text_hold_no_language_tag(wav, model, fmt):
+    """srt, vtt and txt carry the text alone (no language field): the words of `auto`, whose
+    tags never reach them."""
+    from mlx_speech.transcribe import segments_from_words
+    from mlx_speech.writers import format_srt, format_txt, format_vtt
+
+    r = run("mlx_speech.transcribe", str(wav), "--model", str(GOLDEN / "tiny.nemo"),
+            "--language", "auto", "--format", fmt)
+    assert r.returncode == 0, r.stderr
+    ref = model.transcribe(str(wav), language="auto")
+    assert ref.language == "de-DE"  # a tag was emitted
+    segs = segments_from_words(ref.words)
+    want = {"srt": format_srt(segs), "vtt": format_vtt(segs), "txt": format_txt(ref.text)}[fmt]
+    assert r.stdout.strip() == want.strip() and "<" not in r.stdout

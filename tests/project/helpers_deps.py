@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CODE = ("mlx_speech", "convert", "apps")
 SUBSYSTEMS = (("mlx_speech/server/", "server"), ("apps/", "app"), ("convert/", "convert"),
               ("mlx_speech/audio/devices.py", "live"))
-CHECKED_EXTRAS = ("live", "app", "server", "convert")  # each package imported by its code
+CHECKED_EXTRAS = ("live", "app", "server", "convert", "cluster")  # each imported by its code
 # Reference implementations the tests compare against when they are installed; CI never
 # installs them (torch stacks, or MLX ports we measure against).
 REFERENCE_PEERS = {"moshi", "moshi-mlx", "mlx-audio", "voxmlx"}

@@ -6,7 +6,7 @@ Where an import must be declared (the first rule that matches):
 - in mlx_speech/server/: `server`; in apps/: `app`; in convert/: `convert`;
   in mlx_speech/audio/devices.py: `live`;
 - anywhere else in mlx_speech/: the core dependencies.
-The core counts everywhere, and an extra includes the extras it names (`mlx-speech[live]`).
+The core counts everywhere, and an extra includes the extras it names (`mlx-realtime-speech[live]`).
 Every package of the core and of those extras must be imported by the code they serve. Every
 package the tests import must be in the core or `dev`, in `reference`, installed by the README's
 test command, or one of REFERENCE_PEERS.

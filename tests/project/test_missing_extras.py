@@ -76,6 +76,18 @@ def test_server_without_its_extra(module, dist, without, no_load, capsys):
     assert line == f"error: the server needs {dist}: pip install 'mlx-realtime-speech[server]'"
 
 
+def test_server_ray_without_the_cluster_extra(without, no_load, capsys, monkeypatch):
+    """--ray without Ray: one line naming the cluster extra, before any model is looked at
+    (the server's own extra is there)."""
+    from mlx_speech import cli
+
+    monkeypatch.delitem(sys.modules, "mlx_speech.server.ray_serve", raising=False)  # anew
+    without("ray")
+    line = _one_error_line(capsys, cli.main(["server", "--model", "some/model", "--ray"]))
+    assert line == ("error: Ray Serve (mlx_speech.server --ray, serve run) needs ray: "
+                    "pip install 'mlx-realtime-speech[cluster]'")
+
+
 def test_make_app_without_fastapi(without, monkeypatch):
     from mlx_speech.server import make_app
 

@@ -195,7 +195,7 @@ def _voices(r, place):
 
 
 def _converted(r, place):
-    from mlx_speech.converted import read_manifest
+    from mlx_speech.hub import read_manifest
 
     m = read_manifest(place[0] / "vr-4bit")
     assert m["quantization"]["bits"] == 4

@@ -28,6 +28,7 @@ from tests.conftest import speechlike  # noqa: E402
 from tests.support.server import (  # noqa: E402
     KEY,
     ServerThread,
+    kyutai_talk,
     pcm16,
     run,
     vllm_client,
@@ -450,27 +451,8 @@ def test_kyutai_protocol_equals_session_step(srv, models):
         want_audio += ew.append_pcm(out)
         want_text += text
 
-    async def talk():
-        url = srv.ws + "/api/chat?seed=3"
-        async with websockets.connect(url, additional_headers={
-                "Authorization": f"Bearer {KEY}"}) as ws:
-            assert await ws.recv() == b"\x00"
-            for p in packets:
-                await ws.send(b"\x01" + p)
-            audio, text = b"", ""
-            while len(audio) < len(want_audio) or len(text) < len(want_text):
-                try:
-                    m = await asyncio.wait_for(ws.recv(), 5.0)
-                except asyncio.TimeoutError:
-                    break  # the server sent less than expected
-                assert m[:1] in (b"\x01", b"\x02"), m
-                if m[:1] == b"\x01":
-                    audio += m[1:]
-                else:
-                    text += m[1:].decode()
-            return audio, text
-
-    audio, text = run(talk())
+    audio, text = run(kyutai_talk(srv.ws + "/api/chat?seed=3", packets, len(want_audio),
+                                  len(want_text), {"Authorization": f"Bearer {KEY}"}))
     assert len(want_audio) > 0
     assert audio == want_audio and text == want_text
 
@@ -487,7 +469,8 @@ def test_command_line(monkeypatch, capsys, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     code = ("import sys, mlx_speech, mlx_speech.server, mlx_speech.cli; print([m for m in "
-            "('fastapi', 'uvicorn', 'starlette', 'websockets', 'openai') if m in sys.modules])")
+            "('fastapi', 'uvicorn', 'starlette', 'websockets', 'openai', 'ray') if m in "
+            "sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert r.stdout.strip() == "[]", r.stderr
     r = subprocess.run([sys.executable, "-m", "mlx_speech.server", "--help"],
@@ -500,18 +483,24 @@ def test_command_line(monkeypatch, capsys, tmp_path):
     seen = {}
     nm = mlx_speech.load(GOLDEN / "nemotron")
 
-    def fake_load(path, **kw):
+    def fake_locate(path, **kw):  # the checks at start: kind and options, from the configs
         seen[path] = kw
+        return "nemotron_asr_streaming", f"/cache/{path}"
+
+    def fake_load(path, **kw):  # --preload: loaded at start, from where locate found it
+        seen["load", path] = kw
         return nm
 
     def fake_serve(app, sock, engine, forwarded_allow_ips=None):
         seen["bind"] = sock.getsockname()[:2]
 
+    monkeypatch.setattr(mlx_speech, "locate", fake_locate)
     monkeypatch.setattr(mlx_speech, "load", fake_load)
     monkeypatch.setattr(srv_mod, "serve", fake_serve)
-    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "0"]) == 0
+    assert srv_mod.main(["--model", "a/b", "--quantize", "4", "--port", "0", "--preload"]) == 0
     assert seen["a/b"]["quantize"] == 4 and seen["bind"][0] == "127.0.0.1" and seen["bind"][1]
     assert seen["a/b"]["kind"] == ("asr", "tts", "duplex")
+    assert seen["load", "/cache/a/b"]["quantize"] == 4
     assert "warning" not in capsys.readouterr().err
     assert srv_mod.main(["--model", "m", "--host", "0.0.0.0", "--port", "0"]) == 0
     assert "warning: listening on 0.0.0.0 without --api-key" in capsys.readouterr().err

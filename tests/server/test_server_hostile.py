@@ -580,7 +580,7 @@ def test_8_health_key_sources_and_refusals_that_say_why(models, monkeypatch, tmp
     with HostileServer({"nm": models["nm"]}, api_key=key) as s:
         assert httpx.get(s.base + "/health").json() == {"status": "ok"}
         assert httpx.get(s.base + "/health", headers={"Authorization": f"Bearer {key}"}
-                         ).json() == {"status": "ok", "models": ["nm"]}
+                         ).json() == {"status": "ok", "models": ["nm"], "loaded": ["nm"]}
         r = httpx.get(s.base + "/v1/models")
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
 
@@ -612,6 +612,8 @@ def test_8_health_key_sources_and_refusals_that_say_why(models, monkeypatch, tmp
 
     seen = {}
     monkeypatch.setattr(mlx_speech, "load", lambda path, **kw: models["nm"])
+    monkeypatch.setattr(mlx_speech, "locate", lambda path, **kw: ("nemotron_asr_streaming",
+                                                                  path))
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **kw: seen.setdefault(
         "app", self.config.app))
     f = tmp_path / "key"

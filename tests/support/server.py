@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -135,16 +136,36 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
 
 
+def tiny_language_models(english: str = "nm") -> dict:
+    """The tiny Nemotron 3.5 (`n35`: takes languages) and the tiny English Nemotron (named
+    `english`: takes none), loaded."""
+    import mlx_speech
+
+    golden = Path(__file__).parents[1] / "golden"
+    return {"n35": mlx_speech.load(golden / "nemotron35" / "tiny.nemo"),
+            english: mlx_speech.load(golden / "nemotron")}
+
+
+async def append_and_commit(conn, pcm: np.ndarray, chunk_bytes: int) -> None:
+    """One turn of an `openai` SDK realtime connection: base64 appends, then the commit."""
+    b = pcm.tobytes()
+    for i in range(0, len(b), chunk_bytes):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(b[i:i + chunk_bytes]).decode())
+    await conn.input_audio_buffer.commit()
+
+
 async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
-                      chunk_bytes: int = 4096, headers=None) -> tuple[str, dict]:
-    """vLLM's examples/online_serving/openai_realtime_client.py, step by step."""
+                      chunk_bytes: int = 4096, headers=None,
+                      update: dict | None = None) -> tuple[str, dict]:
+    """vLLM's examples/online_serving/openai_realtime_client.py, step by step; `update`: more
+    fields of its session.update (vLLM's `language`)."""
     import websockets
 
     async with websockets.connect(srv.ws + "/v1/realtime",
                                   additional_headers=headers or {"Authorization":
                                                                  f"Bearer {KEY}"}) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.update", "model": model}))
+        await ws.send(json.dumps({"type": "session.update", "model": model, **(update or {})}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # start
         b = pcm.tobytes()
         for i in range(0, len(b), chunk_bytes):
@@ -162,3 +183,28 @@ async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
                 return "".join(deltas), ev
             else:
                 raise AssertionError(ev)
+
+
+async def kyutai_talk(url: str, packets: list[bytes], n_audio: int, n_text: int,
+                      headers=None, wait_s: float = 5.0) -> tuple[bytes, str]:
+    """A Kyutai-protocol client: after the handshake byte, each Opus packet as an 0x01 message;
+    then the server's audio bytes and text until there are `n_audio` and `n_text` of them, or
+    nothing came for `wait_s` (the server sent less than expected)."""
+    import websockets
+
+    async with websockets.connect(url, additional_headers=headers or {}, max_size=None) as ws:
+        assert await ws.recv() == b"\x00"
+        for p in packets:
+            await ws.send(b"\x01" + p)
+        audio, text = b"", ""
+        while len(audio) < n_audio or len(text) < n_text:
+            try:
+                m = await asyncio.wait_for(ws.recv(), wait_s)
+            except asyncio.TimeoutError:
+                break
+            assert m[:1] in (b"\x01", b"\x02"), m
+            if m[:1] == b"\x01":
+                audio += m[1:]
+            else:
+                text += m[1:].decode()
+        return audio, text

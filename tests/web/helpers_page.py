@@ -182,6 +182,18 @@ def panel(page, model: str) -> str:
     return f"section.panel[data-model='{model}']"
 
 
+def live_turn(page, sel: str, taps: Taps, ms: int = 2500) -> tuple[str, np.ndarray]:
+    """One live turn in the panel `sel`: Start, `ms` of the fake microphone, Stop. Returns the
+    turn's text in the page and the samples the server received for it."""
+    n0 = len(taps.asr)
+    page.click(f"{sel} [data-el=mic]")
+    wait_state(page, sel, "recording")
+    page.wait_for_timeout(ms)
+    page.click(f"{sel} [data-el=mic]")
+    wait_state(page, sel, "idle")
+    return page.text_content(f"{sel} p.turn"), np.concatenate(taps.asr[n0]["pushed"])
+
+
 def wait_state(page, sel: str, *states: str, timeout: float = WAIT_MS):
     """Wait until the state badge in `sel` shows one of `states`."""
     css = ", ".join(f"{sel} [data-el=state][data-state={s}]" for s in states)

@@ -558,3 +558,24 @@ def test_counts_read_as_english(browser, site):
     for f in WEB.glob("*.js"):
         hand = re.findall(r"\}\s+(words|underruns|frames|turns)\b", f.read_text())
         assert not hand, (f.name, hand)
+
+
+def test_a_model_not_loaded_yet_loads_when_its_tab_is_opened(browser):
+    """A server that loads models when first used: the first tab's model loads as the page
+    opens on it, another tab's only when it is opened, and its panel then offers the voices
+    the loaded model has."""
+    from mlx_speech.server.models import Models
+
+    golden = ROOT / "tests" / "golden"
+    store = Models.locate([str(golden / "nemotron"), str(golden / "voxtral_tts" / "ckpt")])
+    nm, tts = list(store)
+    with ServerThread(store) as s:
+        ctx, page = open_page(browser, s.base)
+        page.wait_for_selector(f"section.panel[data-model='{nm}'] [data-el=mic]",
+                               timeout=WAIT_MS)
+        assert store.state(nm) == "loaded" and store.state(tts) == "not_loaded"
+        sel = panel(page, tts)
+        page.wait_for_selector(f"{sel} [data-el=voice] option[value=casual_male]",
+                               state="attached", timeout=WAIT_MS)
+        assert store.state(tts) == "loaded" and page.errors == []
+        ctx.close()

@@ -12,8 +12,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("websockets")
 
 from tests.web.helpers_fixtures import KEY, browser, models, site  # noqa: E402, F401
-from tests.web.helpers_page import open_page, panel  # noqa: E402
-from tests.web.helpers_page import wait_state as _state  # noqa: E402
+from tests.web.helpers_page import live_turn, open_page, panel  # noqa: E402
 
 PHRASES = "quick brown, time"
 
@@ -23,15 +22,7 @@ def test_live_vocabulary_and_low_confidence_shading(browser, site, models):  # n
     sel = panel(page, "nemotron")
     page.fill(f"{sel} [data-el=vocab]", PHRASES)
     page.fill(f"{sel} [data-el=boost]", "3")
-    n0 = len(site.taps.asr)
-    page.click(f"{sel} [data-el=mic]")
-    _state(page, sel, "recording")
-    page.wait_for_timeout(2500)
-    page.click(f"{sel} [data-el=mic]")
-    _state(page, sel, "idle")
-    text = page.text_content(f"{sel} p.turn")
-    rec = site.taps.asr[n0]
-    heard = np.concatenate(rec["pushed"])
+    text, heard = live_turn(page, sel, site.taps)
     m = models["nemotron"]
     ref = m.transcribe(heard, hotwords=PHRASES, boost=3.0, logprobs=True)
     assert text == ref.text and len(ref.text) > 10

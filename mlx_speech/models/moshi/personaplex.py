@@ -8,9 +8,10 @@ a 440 Hz sine (SINE_TOKENS) throughout:
 3. one step per SentencePiece id of "<system> {role} <system>" (agent = SILENCE_TOKENS);
 4. silence again.
 
-Voice files: PersonaPlex's `voices/*.pt` (torch pickles, read with `mlx_speech.torchfile`), the
-same content as `.safetensors` (`embeddings` [N, 1, 1, dim], `cache` [1, 17, 4]), or any audio
-file, loudness-normalised to -24 LUFS (ITU-R BS.1770, as pyloudnorm) and encoded with Mimi.
+Voice files: PersonaPlex's `voices/*.pt` (torch pickles, read with
+`mlx_speech.models.torchfile`), the same content as `.safetensors` (`embeddings` [N, 1, 1, dim],
+`cache` [1, 17, 4]), or any audio file, loudness-normalised to -24 LUFS (ITU-R BS.1770, as
+pyloudnorm) and encoded with Mimi.
 """
 
 from __future__ import annotations
@@ -156,10 +157,10 @@ def load_voice(path: Path, mimi, n_agent: int) -> VoicePrompt:
         return _stored_voice(path.stem, d)
     if suffix == ".pt":
         try:
-            from ...torchfile import load_torch
+            from ..torchfile import load_torch
         except ImportError:
-            raise CheckpointError(f"cannot read {path}: mlx_speech.torchfile is unavailable; "
-                                  "convert the voice to .safetensors") from None
+            raise CheckpointError(f"cannot read {path}: mlx_speech.models.torchfile is "
+                                  "unavailable; convert the voice to .safetensors") from None
         return _stored_voice(path.stem, load_torch(path))
     from ...audio import load_audio
 

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 
 from ...errors import CheckpointError
-from ...protobuf import fields
+from ...text.protobuf import fields
 from ...text.spm import (
     BYTE,
     CONTROL,

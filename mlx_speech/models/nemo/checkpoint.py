@@ -2,7 +2,7 @@
 
 A `.nemo` file is a tar (plain or gzip) holding `model_config.yaml`, `model_weights.ckpt` (a
 torch.save zip of a plain state dict) and tokenizer artifacts named `<uuid>_tokenizer.model`.
-The state dict is read with `mlx_speech.torchfile`, which builds tensors and plain containers
+The state dict is read with `mlx_speech.models.torchfile`, which builds tensors and plain containers
 only and rejects any other pickled global, so no pickled code runs. Each family renames the
 keys to its own modules; the FastConformer layers' names are the same in every NeMo family
 (`CONFORMER_RENAMES`).
@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...torchfile import load_torch
+from ..torchfile import load_torch
 
 # NeMo's FastConformer layer names -> the modules' of `mlx_speech.nn.conformer` (the
 # transformers names): the same in every NeMo family's checkpoint (Nemotron ASR, Sortformer),

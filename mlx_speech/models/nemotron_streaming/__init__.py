@@ -57,6 +57,7 @@ class NemotronStreaming(StreamingASR):
                                                    "high": 1120, "xhigh": 1120},
                       choices_ms=tuple(sorted(LATENCY_MS)))
     languages: tuple[str, ...] | None = None  # what `language=` takes; None: none (English)
+    spoken: tuple[str, ...] = ("en",)
 
     def __init__(self, model: Model, tokenizer: SentencePieceDecoder,
                  config: NemotronStreamingConfig, language: str | None = None):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...errors import MlxSpeechError
 
 AUTO = "auto"
+_CODE = re.compile(r"[a-z]{2,3}(?:-[A-Za-z0-9]{2,4})?")  # a code or locale (not `enGB`)
 _TAG = re.compile(r"<([a-z]{2,3}(?:-[A-Za-z0-9]{2,4})?)>")
 
 # The release's prompt dictionary (nvidia/nemotron-3.5-asr-streaming-0.6b, model_defaults), slot:
@@ -43,6 +44,11 @@ def release_prompts() -> dict[str, int]:
             slot, *names = entry.split()
             out.update((n, int(slot)) for n in names)
     return out
+
+
+def release_codes() -> tuple[str, ...]:
+    """The ISO 639 codes of the release's locales ("de" of "de-DE"), sorted."""
+    return tuple(sorted({n.split("-")[0] for n in release_prompts() if _CODE.fullmatch(n)}))
 
 
 def prompt_dictionary(raw) -> dict[str, int]:

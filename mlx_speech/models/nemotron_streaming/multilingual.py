@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..base import Latency
 from . import NemotronStreaming, check_load_options, load, weight_patterns
-from .languages import release_prompts
+from .languages import release_codes, release_prompts
 
 __all__ = ["LATENCY_MS", "Nemotron35Streaming", "check_load_options", "load", "weight_patterns"]
 
@@ -31,3 +31,4 @@ class Nemotron35Streaming(NemotronStreaming):
                                                        "high": 1120, "xhigh": 1120},
                       choices_ms=tuple(sorted(LATENCY_MS)))
     languages = tuple(sorted(release_prompts(), key=str.lower))
+    spoken = release_codes()

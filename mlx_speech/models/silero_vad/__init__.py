@@ -23,9 +23,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ... import DISTRIBUTION
-from ...converted import weight_files
-from ...errors import CheckpointError, MlxSpeechError
+from ...errors import DISTRIBUTION, CheckpointError, MlxSpeechError
+from ...hub import weight_files
 from ..loading import fill, read_config, read_weights
 from .model import CONTEXT, FRAME, SAMPLE_RATE, SileroVAD, VADState
 from .onnxfile import read_onnx

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CheckpointError
-from ...protobuf import fields as _fields
-from ...protobuf import varint as _varint
+from ...text.protobuf import fields as _fields
+from ...text.protobuf import varint as _varint
 
 # protobuf field numbers (onnx.proto3)
 _MODEL_GRAPH = 7

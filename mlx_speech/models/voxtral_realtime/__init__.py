@@ -11,13 +11,18 @@ import numpy as np
 
 from ...errors import MlxSpeechError
 from ...hub import read_json
-from ...nn import quant
 from ...text.context_graph import GraphCache
 from ...text.tekken import Tekken
 from ...text.vocabulary import Vocabulary
 from ..asr import StreamingASR, Transcript, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
-from ..loading import fill, mistral_or_hf_layout, read_weights, weight_files
+from ..loading import (
+    declared_quantization,
+    fill,
+    mistral_or_hf_layout,
+    read_weights,
+    weight_files,
+)
 from .config import FRAME_MS, VoxtralRealtimeConfig
 from .model import Model
 from .session import MAX_DELAY_MS, Session
@@ -46,6 +51,8 @@ class VoxtralRealtime(StreamingASR):
     # the transcription delay: any multiple of 80 ms up to 2400 (default: the checkpoint's)
     latency = Latency("delay", 480, {"minimal": 80, "low": 240, "medium": 480, "high": 960,
                                      "xhigh": 2400}, step_ms=FRAME_MS, max_ms=MAX_DELAY_MS)
+    languages = None  # it takes no language: it transcribes what it hears, in these 13
+    spoken = ("ar", "de", "en", "es", "fr", "hi", "it", "ja", "ko", "nl", "pt", "ru", "zh")
 
     def __init__(self, model: Model, tokenizer: Tekken, config: VoxtralRealtimeConfig,
                  kv_bits: int | None = None):
@@ -187,5 +194,5 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, quantize: int | None
     fill(model, weights, folder, converted=converted,
          remap=lambda w, expected: remap(w, config, expected), dtype=dtype, quantize=quantize,
          group_size=group_size, keep=keep_high_precision,
-         declared=quant.declared(folder / "config.json"))
+         declared=declared_quantization(folder))
     return VoxtralRealtime(model, tokenizer, config, kv_bits)

@@ -11,10 +11,15 @@ import numpy as np
 
 from ...audio.clip import Audio
 from ...errors import CheckpointError, MlxSpeechError
-from ...nn import quant
 from ...text.tekken import Tekken
 from ..base import parameter_bytes
-from ..loading import fill, mistral_or_hf_layout, parameter_names, read_weights
+from ..loading import (
+    declared_quantization,
+    fill,
+    mistral_or_hf_layout,
+    parameter_names,
+    read_weights,
+)
 from .config import VoxtralTTSConfig
 from .model import Model
 from .session import MAX_FRAMES, PAUSE_S, Session, default_max_frames, step_many
@@ -284,7 +289,7 @@ def load(folder: str | Path, dtype: mx.Dtype | None = None, alibi: str = "vo",
         weights = {k: v if ".quantizer." in k or not mx.issubdtype(v.dtype, mx.floating)
                    else v.astype(dtype) for k, v in weights.items()}
     fill(model, weights, folder, converted=converted, quantize=quantize, group_size=group_size,
-         keep=keep_high_precision, declared=quant.declared(folder / "config.json"))
+         keep=keep_high_precision, declared=declared_quantization(folder))
     voices = Voices(folder / "voice_embedding",
                     tokenizer.audio.get("voice_num_audio_tokens"), config.backbone.dim)
     return VoxtralTTS(model, tokenizer, voices, first_frame, compile)

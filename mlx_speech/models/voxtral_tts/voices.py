@@ -58,7 +58,7 @@ def _read(path: Path) -> mx.array:
         if path.suffix == ".safetensors":
             data = mx.load(str(path))
         else:
-            from ...torchfile import load_torch
+            from ..torchfile import load_torch
 
             data = load_torch(path)
     except (OSError, RuntimeError, ValueError) as e:

@@ -1,7 +1,7 @@
 // The page: one tab per served model (GET /v1/models), the API key asked for once when the
 // server wants one, the server's health, errors shown where they happen.
 
-import { ApiError, forgetKey, hasKey, listModels, setKey } from "./api.js";
+import { ApiError, apiFetch, forgetKey, hasKey, listModels, setKey } from "./api.js";
 import { createAsr } from "./asr.js";
 import { createDuplex } from "./duplex.js";
 import { createTts } from "./tts.js";
@@ -96,12 +96,13 @@ function buildTabs(models) {
     tab.innerHTML = '<span class="kind"></span><span class="name"></span>';
     tab.querySelector(".kind").textContent = kind[0];
     tab.querySelector(".name").textContent = names.get(m.id);
-    tab.title = `${m.id} (${kind[0]}, ${m.sample_rate / 1000} kHz)`;
+    tab.title = m.sample_rate ? `${m.id} (${kind[0]}, ${m.sample_rate / 1000} kHz)`
+      : `${m.id} (${kind[0]}, loaded when first used)`;
     tab.addEventListener("click", () => {
       location.hash = `model=${encodeURIComponent(m.id)}`;
     });
     tabs.append(tab);
-    const panel = kind[1](m);
+    const panel = m.sample_rate ? kind[1](m) : unloaded(m);
     panel.hidden = true;
     panel.dataset.model = m.id;
     panel.setAttribute("role", "tabpanel");
@@ -109,6 +110,41 @@ function buildTabs(models) {
     panels.set(m.id, [tab, panel]);
   }
   return panels;
+}
+
+/** A model the server loads when first used: its panel needs the details (sample rate,
+ * voices) the server knows once it is loaded, so selecting its tab loads it. */
+function unloaded(m) {
+  const panel = document.createElement("section");
+  panel.className = "panel";
+  const p = document.createElement("p");
+  p.className = "placeholder";
+  p.textContent = "This model is loaded when first used.";
+  panel.append(p);
+  return panel;
+}
+
+async function load(panels, models, id) {
+  const m = models.find((x) => x.id === id);
+  const [tab, old] = panels.get(id);
+  if (m.sample_rate || old.dataset.loading) return;
+  old.dataset.loading = "true";
+  old.querySelector(".placeholder").textContent = "Loading the model…";
+  try {
+    const res = await apiFetch(`/v1/models/${encodeURIComponent(id)}/load`, { method: "POST" });
+    Object.assign(m, await res.json());
+  } catch (e) {
+    old.querySelector(".placeholder").textContent = `Cannot load the model: ${e.message}`;
+    delete old.dataset.loading;
+    return;
+  }
+  const panel = KINDS[m.kind][1](m);
+  panel.dataset.model = id;
+  panel.setAttribute("role", "tabpanel");
+  panel.hidden = old.hidden;
+  old.replaceWith(panel);
+  panels.set(id, [tab, panel]);
+  tab.title = `${m.id} (${KINDS[m.kind][0]}, ${m.sample_rate / 1000} kHz)`;
 }
 
 function select(panels, models) {
@@ -127,6 +163,7 @@ function select(panels, models) {
     tab.setAttribute("aria-selected", String(mid === id));
     panel.hidden = mid !== id;
   }
+  load(panels, models, id);
 }
 
 async function watchHealth() {

@@ -7,6 +7,7 @@ import { clearError, count, instantiate, saveBlob, seconds, setState, showError,
 
 export function createAsr(model) {
   const { node, el } = instantiate("tpl-asr");
+  languagePicker(model, el);
   liveTranscription(model, el);
   fileTranscription(model, el);
   return node;
@@ -99,6 +100,7 @@ function startLive(model, el, onEnd) {
         break;
       case "conversation.item.input_audio_transcription.completed":
         turn.textContent = ev.transcript;
+        heardLanguage(el, turn, ev.languages);
         shadeWords(turn, ev.words, ev.logprobs); // before the label: it rewrites the text
         if (ev.speaker) markSpeaker(turn, ev.speaker);
         finish();
@@ -146,7 +148,8 @@ function startLive(model, el, onEnd) {
           type: "transcription",
           include: ["item.input_audio_transcription.logprobs"],
           audio: { input: { format: { type: "audio/pcm", rate: ctx.sampleRate },
-                            transcription: { model: model.id, ...vocabulary(el), ...(model.diarize ? { diarize: true } : {}) },
+                            transcription: { model: model.id, ...vocabulary(el), ...language(el),
+                                             ...(model.diarize ? { diarize: true } : {}) },
                             turn_detection: null } },
         },
       }));
@@ -178,6 +181,68 @@ function startLive(model, el, onEnd) {
   })();
 
   return { stop };
+}
+
+// ---------------------------------------------------------------- language
+
+/** A language's name for people: "German (Germany)" for "de-DE" (the browser's own names),
+ * the tag itself where the browser has none. */
+export function languageName(tag) {
+  if (tag === "auto") return "Detect the language";
+  try {
+    const name = new Intl.DisplayNames(["en"], { type: "language", languageDisplay: "standard" }).of(tag);
+    if (name && name !== tag) return name;
+  } catch {
+    // not a tag the browser knows
+  }
+  return tag;
+}
+
+/** The names a picker offers of a model's `languages` (GET /v1/models): `auto`, the locales,
+ * and the bare codes no locale stands for (`de` is `de-DE`'s alias; `enGB`-style aliases are
+ * left out); sorted by their names. */
+export function pickerLanguages(names) {
+  const tags = names.filter((n) => /^[a-z]{2,3}(-[A-Za-z0-9]{2,4})?$/.test(n));
+  const shown = tags.filter((n) => n.includes("-") || !tags.some((m) => m.startsWith(`${n}-`)));
+  shown.sort((a, b) => languageName(a).localeCompare(languageName(b)));
+  return [...(names.includes("auto") ? ["auto"] : []), ...shown];
+}
+
+/** The panel's language picker, for models that take a language (`model.languages`). */
+function languagePicker(model, el) {
+  if (!model.languages || !model.languages.length) return;
+  const add = (value, text) => {
+    const o = document.createElement("option");
+    o.value = value;
+    o.textContent = text;
+    el.language.append(o);
+  };
+  add("", "Model default");
+  for (const tag of pickerLanguages(model.languages)) {
+    add(tag, tag === "auto" ? `${languageName(tag)} (auto)` : `${languageName(tag)} · ${tag}`);
+  }
+  el.langbox.hidden = false;
+}
+
+/** The chosen language: { language } for the server, or {} for the model's default. */
+function language(el) {
+  return el.language.value ? { language: el.language.value } : {};
+}
+
+/** The language the server reports for a transcript (OpenAI's `languages`: [{code, locale}]),
+ * as a tag, or "" when it reports none. */
+function reportedLanguage(languages) {
+  const l = languages && languages[0];
+  return l ? l.locale || l.code : "";
+}
+
+/** Shows what language the model heard in the last live turn. */
+function heardLanguage(el, turn, languages) {
+  const tag = reportedLanguage(languages);
+  if (!tag) return;
+  turn.dataset.language = tag;
+  turn.title = languageName(tag);
+  el.heard.textContent = `Heard: ${languageName(tag)}`;
 }
 
 /** The vocabulary box: { hotwords, boost } for the server, or {} when it is empty. */
@@ -278,6 +343,7 @@ function fileTranscription(model, el) {
       f.append("hotwords", v.hotwords);
       f.append("boost", String(v.boost));
     }
+    if (el.language.value) f.append("language", el.language.value);
     return f;
   }
 
@@ -300,7 +366,9 @@ function fileTranscription(model, el) {
       const res = await apiFetch("/v1/audio/transcriptions", { method: "POST", body: form("json", true) });
       for await (const ev of sseEvents(res)) {
         if (ev.type === "transcript.text.delta") streaming.append(ev.delta);
-        else if (ev.type === "transcript.text.done") result = { text: ev.text, words: ev.words || [] };
+        else if (ev.type === "transcript.text.done") {
+          result = { text: ev.text, words: ev.words || [], language: reportedLanguage(ev.languages) };
+        }
         else if (ev.type === "error") throw new Error(ev.error.message);
       }
       if (!result) throw new Error("the transcription ended early");
@@ -308,7 +376,8 @@ function fileTranscription(model, el) {
       if (model.diarize) await renderSpeakers(el, form("diarized_json", false));
       el.downloads.hidden = false;
       setState(el.fstate, "idle", "done");
-      el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${count(result.words.length, "word")}`;
+      el.elapsed.textContent = `${seconds((performance.now() - t0) / 1000)}, ${count(result.words.length, "word")}` +
+        (result.language ? `, ${languageName(result.language)}` : "");
     } catch (e) {
       showError(el.ferror, e);
       setState(el.fstate, "error", "error");

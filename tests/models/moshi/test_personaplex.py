@@ -93,7 +93,7 @@ def test_stored_voice_replays_like_audio(pp, ref, tmp_path):
 
 def test_pt_voice(pp, ref, tmp_path):
     torch = pytest.importorskip("torch")
-    pytest.importorskip("mlx_speech.torchfile")
+    pytest.importorskip("mlx_speech.models.torchfile")
     emb, cache = _stored_voice(pp, ref)
     torch.save({"embeddings": torch.tensor(emb), "cache": torch.tensor(cache.astype(np.int64))},
                tmp_path / "NATX.pt")  # the layout of PersonaPlex's voices/*.pt

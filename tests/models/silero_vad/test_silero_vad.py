@@ -357,7 +357,7 @@ def test_loads_every_layout(vad, vad_release, release_onnx, silero_safetensors, 
     _same(vad_release, loaded)
 
     from mlx_speech.convert import convert_model
-    from mlx_speech.converted import read_manifest
+    from mlx_speech.hub import read_manifest
 
     out = convert_model(community, tmp_path / "ours", progress=False)
     assert read_manifest(out)["model_type"] == "silero_vad"

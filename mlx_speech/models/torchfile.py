@@ -33,7 +33,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 # (numpy dtype used to read the bytes, mlx dtype of the result); bf16 is read as uint16,
 # float64 is narrowed to float32 in numpy (see the module docstring)

@@ -1,4 +1,4 @@
-"""mlx_speech.torchfile: torch.save archives read without torch and without running code."""
+"""mlx_speech.models.torchfile: torch.save archives read without torch and without running code."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from mlx_speech.errors import CheckpointError
-from mlx_speech.torchfile import flatten_tensors, load_torch, non_tensor_leaves
+from mlx_speech.models.torchfile import flatten_tensors, load_torch, non_tensor_leaves
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -275,7 +275,7 @@ def test_unsupported_dtype_is_named():
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, mlx_speech.torchfile; print('torch' in sys.modules)"
+    code = "import sys, mlx_speech.models.torchfile; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=ROOT, check=True)
     assert r.stdout.strip() == "False"
