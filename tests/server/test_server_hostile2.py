@@ -25,10 +25,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+for _extra in ("fastapi", "uvicorn"):  # the server extra
+    pytest.importorskip(_extra)
 websockets = pytest.importorskip("websockets")
-openai = pytest.importorskip("openai")
 
 import httpx  # noqa: E402
 
@@ -278,20 +277,10 @@ def test_2b_a_list_still_building_stalls_no_other_stream(srv, nm, golden_audio, 
     gate = threading.Event()
     builds = GraphBuilds(monkeypatch, gate)
 
-    async def asking():
-        ws = await vllm_ws(srv)
-        await ws.send(json.dumps({"type": "session.update", "model": "nm",
-                                  "hotwords": phrases, "boost": boost}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        b = pcm16(golden_audio).tobytes()
-        for i in range(0, len(b), 8000):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(b[i:i + 8000]).decode()}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-        while (ev := json.loads(await ws.recv()))["type"] != "transcription.done":
-            assert ev["type"] == "transcription.delta", ev
-        await ws.close()
-        return ev["text"]
+    async def asking():  # its session.update answered once the list is built
+        _, done = await vllm_client(srv, "nm", pcm16(golden_audio), chunk_bytes=8000,
+                                    headers={}, update={"hotwords": phrases, "boost": boost})
+        return done["text"]
 
     async def scenario():
         task = asyncio.ensure_future(asking())
@@ -739,6 +728,7 @@ def test_9_events_line_up_exactly(srv, nm, golden_audio):
     both dialects, and every word ends within the audio given."""
     from mlx_speech.server.vocabulary import words_field
 
+    openai = pytest.importorskip("openai")
     audio = golden_audio
     seconds = len(audio) / 16000
     ref = nm.transcribe(audio, hotwords=PHRASES, boost=BOOST, logprobs=True)
@@ -778,26 +768,10 @@ def test_9_events_line_up_exactly(srv, nm, golden_audio):
     assert done["logprobs"][0]["token"] == "" and done["logprobs"][0]["bytes"] == []
     assert done["words"] == words_field(ref) and done["words"][-1]["end"] <= seconds
 
-    async def vllm():
-        ws = await vllm_ws(srv)
-        await ws.send(json.dumps({"type": "session.update", "model": "nm",
-                                  "hotwords": PHRASES, "boost": BOOST,
-                                  "include": ["item.input_audio_transcription.logprobs"]}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        b = pcm.tobytes()
-        for i in range(0, len(b), 6400):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(b[i:i + 6400]).decode()}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-        evs = []
-        while True:
-            evs.append(json.loads(await ws.recv()))
-            assert evs[-1]["type"] != "error", evs[-1]
-            if evs[-1]["type"] == "transcription.done":
-                await ws.close()
-                return evs[:-1], evs[-1]
-
-    deltas, done = run(vllm())
+    deltas = []
+    _, done = run(vllm_client(srv, "nm", pcm, chunk_bytes=6400, headers={}, deltas_out=deltas,
+                              update={"hotwords": PHRASES, "boost": BOOST, "include": [
+                                  "item.input_audio_transcription.logprobs"]}))
     streamed = check_stream(deltas, ref.text, done["logprobs"])
     np.testing.assert_allclose(streamed, values, atol=1e-5)
     assert done["words"] == words_field(ref) and done["words"][-1]["end"] <= seconds

@@ -155,10 +155,10 @@ async def append_and_commit(conn, pcm: np.ndarray, chunk_bytes: int) -> None:
 
 
 async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
-                      chunk_bytes: int = 4096, headers=None,
-                      update: dict | None = None) -> tuple[str, dict]:
+                      chunk_bytes: int = 4096, headers=None, update: dict | None = None,
+                      deltas_out: list | None = None) -> tuple[str, dict]:
     """vLLM's examples/online_serving/openai_realtime_client.py, step by step; `update`: more
-    fields of its session.update (vLLM's `language`)."""
+    fields of its session.update (vLLM's `language`); `deltas_out`: gets every delta event."""
     import websockets
 
     async with websockets.connect(srv.ws + "/v1/realtime",
@@ -179,6 +179,8 @@ async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
             ev = json.loads(await ws.recv())
             if ev["type"] == "transcription.delta":
                 deltas.append(ev["delta"])
+                if deltas_out is not None:
+                    deltas_out.append(ev)
             elif ev["type"] == "transcription.done":
                 return "".join(deltas), ev
             else:
