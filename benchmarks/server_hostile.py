@@ -488,6 +488,7 @@ def silence_flac(seconds: float, rate: int = 48000, channels: int = 2) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # the servers started inherit it
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--attacks", default=",".join(ATTACKS),
                    help=f"comma-separated, of {', '.join(ATTACKS)}")
