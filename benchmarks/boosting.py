@@ -49,11 +49,10 @@ def random_graph(n: int, vocab: int, rng) -> ContextGraph | None:
 
 def _phrase(g: ContextGraph, rng) -> list[int]:
     """The tokens of a random path from the root (a phrase prefix), then one random token."""
-    out, node = [], g.root
-    while node.next and rng.random() < 0.9:
-        tok = list(node.next)[rng.integers(0, len(node.next))]
-        out.append(int(tok))
-        node = node.next[tok]
+    out, node = [], 0
+    while (arcs := g.children(node)) and rng.random() < 0.9:
+        tok, node = arcs[rng.integers(0, len(arcs))]
+        out.append(tok)
     return out + [int(rng.integers(0, g.vocab_size))]
 
 

@@ -109,8 +109,8 @@ def write_transcript(
     return s
 
 
-__all__ = ["FORMATS", "Segment", "format_json", "format_srt", "format_turns", "format_txt",
-           "format_vtt", "pause_break_steps", "pause_breaks", "segments_from_words",
+__all__ = ["FORMATS", "PauseFinder", "Segment", "format_json", "format_srt", "format_turns",
+           "format_txt", "format_vtt", "pause_break_steps", "pause_breaks", "segments_from_words",
            "speaker_name", "write_transcript"]
 
 
@@ -138,23 +138,68 @@ def segments_from_words(words, max_gap: float = 0.8, max_len: float = 10.0, brea
     return [Segment(s[0].start, s[-1].end, " ".join(w.text for w in s)) for s in segs]
 
 
+class PauseFinder:
+    """`pause_breaks` fed a block at a time, so memory stays flat in the clip's length:
+    `push(samples)` (16 kHz) runs the VAD over each whole piece of `piece_s` seconds as it
+    fills, `finish()` over the rest and returns the breaks (as `pause_breaks` of the whole)."""
+
+    def __init__(self, vad, silence_ms: int = 500, piece_s: float = 16.384):
+        import numpy as np
+
+        from .audio.turns import FRAME, TurnConfig, TurnDetector
+
+        self.vad, self.state = vad, vad.make_state(1)
+        self.det = TurnDetector(TurnConfig(silence_duration_ms=silence_ms))
+        self.piece = int(piece_s * 16000) // FRAME * FRAME
+        self._held = np.zeros(0, np.float32)
+        self._starts: list[int] = []
+
+    def push(self, samples) -> int:
+        """Queue `samples`; returns how many pieces went through the VAD."""
+        import numpy as np
+
+        x = np.concatenate([self._held, np.asarray(samples, np.float32)])
+        n = len(x) // self.piece
+        for i in range(n):
+            self._run(x[i * self.piece: (i + 1) * self.piece])
+        self._held = x[n * self.piece:]
+        return n
+
+    def _run(self, x) -> None:
+        import mlx.core as mx
+        import numpy as np
+
+        from .audio.turns import SpeechStarted
+
+        probs, self.state = self.vad(mx.array(x[None]), self.state)
+        mx.eval(probs, *self.state.arrays())
+        self._starts += [e.start for e in self.det.push(np.array(probs[0]))
+                         if isinstance(e, SpeechStarted)]
+
+    def finish(self) -> list[float]:
+        """The rest (padded to whole VAD frames, as Silero pads), then the breaks: where
+        speech resumes after each pause, in seconds (the first turn's start left out)."""
+        import numpy as np
+
+        from .audio.turns import FRAME
+
+        if len(self._held):
+            self._run(np.pad(self._held, (0, -len(self._held) % FRAME)))
+            self._held = self._held[:0]
+        return [s / 16000 for s in self._starts[1:]]
+
+
 def pause_break_steps(vad, audio, silence_ms: int = 500, piece_s: float = 16.384):
     """`pause_breaks` a piece at a time: yields None after each `piece_s` of audio through the
     VAD (so a server's engine can step live streams in between), then the breaks."""
-    import mlx.core as mx
     import numpy as np
 
-    from .audio.turns import FRAME, SpeechStarted, TurnConfig, TurnDetector
-
-    det, state = TurnDetector(TurnConfig(silence_duration_ms=silence_ms)), vad.make_state(1)
-    x = np.pad(np.asarray(audio, np.float32), (0, -len(audio) % FRAME))  # as Silero pads
-    starts, step = [], int(piece_s * 16000) // FRAME * FRAME
-    for i in range(0, len(x), step):
-        probs, state = vad(mx.array(x[None, i:i + step]), state)
-        mx.eval(probs, *state.arrays())
-        starts += [e.start for e in det.push(np.array(probs[0])) if isinstance(e, SpeechStarted)]
+    finder = PauseFinder(vad, silence_ms, piece_s)
+    x = np.asarray(audio, np.float32)
+    for i in range(0, len(x), finder.piece):
+        finder.push(x[i: i + finder.piece])
         yield None
-    yield [s / 16000 for s in starts[1:]]
+    yield finder.finish()
 
 
 def pause_breaks(vad, audio, silence_ms: int = 500) -> list[float]:

@@ -1,7 +1,7 @@
 """mlx_speech.app: the menu-bar app (dictation anywhere, speak selection) on the library.
 
 The source lives in the repository's top-level `apps/menubar/` folder and installs as the
-subpackage `mlx_speech.app` (pyproject's package-dir; `mlx_speech/_subpackages.py` maps it in a
+subpackage `mlx_speech.app` (pyproject's package-dir; `mlx_speech/__init__.py` maps it in a
 source checkout). `import mlx_speech` never imports it.
 
 Layers, from pure to platform:

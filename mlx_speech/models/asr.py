@@ -3,6 +3,7 @@ token logprobs, batched feeding, offline-as-streaming. (Loading is `models/loadi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 from ..audio.io import check_audio
 from ..errors import MlxSpeechError
 from ..text.context_graph import Booster, ContextGraph, GraphCache
-from ..text.vocabulary import Vocabulary
+from ..text.vocabulary import MAX_GRAPH_TOKENS, Vocabulary
 from .base import check_sessions, checked_pairs
 
 PIECE_SECONDS = 10  # offline transcription feeds the session this much at a time
@@ -58,19 +59,22 @@ def drain_cut(ids: list[int], token_bytes: Callable[[int], bytes],
     return len(ids) if len(ids) - cut > DRAIN_HOLD_MAX else cut
 
 
-def group_words(items) -> list[Word]:
+def group_words(items, audio_s: float | None = None) -> list[Word]:
     """(piece bytes, start_s, end_s, is_word_marker) per token -> words.
 
     A word starts at a marker token (its time pins the word's start), at a piece
-    with a leading space, or at the first piece after only whitespace.
+    with a leading space, or at the first piece after only whitespace. `audio_s`: the
+    seconds of audio given; no time runs past it (tokens decoded from the end's padding
+    would).
     """
     words: list[Word] = []
     buf, start, end, pinned = b"", 0.0, 0.0, False
+    last = math.inf if audio_s is None else audio_s
 
     def close():
         text = buf.decode("utf-8", "replace").strip()
         if text:
-            words.append(Word(text, start, end))
+            words.append(Word(text, min(start, last), min(end, last)))
 
     for piece, t0, t1, marker in items:
         if marker:
@@ -108,17 +112,24 @@ def make_booster(graphs: GraphCache, vocabulary: Vocabulary | None, vocab: int,
                  transparent: Callable[[int], bool] | None = None) -> Booster | None:
     """A session's phrase-boosting walk (None: no vocabulary, or boost 0). The graph of a phrase
     list is built once per model (`graphs`, the model's own cache) and shared by its sessions;
-    `tokenizations(phrase)`: the id sequences a phrase may appear as."""
+    `tokenizations(phrase)`: the id sequences a phrase may appear as. Building costs time
+    linear in the phrases' tokens, at most MAX_GRAPH_TOKENS of them (past it: MlxSpeechError,
+    raised before the rest is read); it is thread-safe, so a server builds off its engine
+    thread and holds the walk while sessions are made with the list."""
     if vocabulary is None or not vocabulary.phrases or vocabulary.boost == 0:
         return None
 
-    def build() -> ContextGraph:
-        seqs = []
+    def sequences():
+        seen: set[tuple[int, ...]] = set()
         for p in vocabulary.phrases:
             for ids in tokenizations(p):
-                if ids and ids not in seqs:
-                    seqs.append(ids)
-        return ContextGraph(seqs, vocab)
+                key = tuple(ids)
+                if key and key not in seen:
+                    seen.add(key)
+                    yield ids
+
+    def build() -> ContextGraph:
+        return ContextGraph(sequences(), vocab, max_tokens=MAX_GRAPH_TOKENS)
 
     return Booster(graphs.get(vocabulary.phrases, build), vocabulary.boost, transparent)
 

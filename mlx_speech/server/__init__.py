@@ -12,13 +12,14 @@ from ..errors import MlxSpeechError, optional
 from .options import app_from_args, bind, build_parser, load_server_vad, make_app
 
 
-def serve(app, sock, engine) -> None:
+def serve(app, sock, engine, forwarded_allow_ips: list[str] | None = None) -> None:
     """Run uvicorn on the socket `bind` made, with the timeouts and the shutdown of
-    `limits.make_server`."""
+    `limits.make_server` (proxy headers only from `forwarded_allow_ips`)."""
     from .limits import make_server
 
     host, port = sock.getsockname()[:2]
-    make_server(app, engine, host, port).run(sockets=[sock])
+    make_server(app, engine, host, port,
+                forwarded_allow_ips=forwarded_allow_ips).run(sockets=[sock])
 
 
 def _run(args) -> None:
@@ -64,7 +65,8 @@ def _run(args) -> None:
         shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
         log(f"the page: http://{shown}:{port}/")
         try:
-            serve(app, sock, engine)
+            ips = [i.strip() for i in (args.forwarded_allow_ips or "").split(",") if i.strip()]
+            serve(app, sock, engine, ips)
         finally:
             engine.stop(timeout=5.0)
     finally:

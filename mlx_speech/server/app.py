@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import io
 import json
-import re
 import secrets
 import time
 
@@ -16,19 +14,19 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from ..errors import MlxSpeechError
-from .common import KEY_SUBPROTOCOL, AsyncSink, ModelNotFound, Served, TextDeltas
+from .common import KEY_SUBPROTOCOL, AsyncSink, ItemDeltas, ModelNotFound, Served
 from .common import pcm16_bytes as _pcm16
-from .jobs import AsrStream, BufferFull, Steps
+from .jobs import AsrStream, DiarizerStream
 from .languages import languages_field, verbose_language
-from .limits import RETRY_AFTER_S, Limits, session_budget, while_connected
+from .limits import RETRY_AFTER_S, Limits, Shutdown, session_budget, while_connected
 from .models import ModelUnavailable
 from .security import Defences
 from .speech import NO_AUDIO, OpusChunks, SpeechJob
-from .validate import FILE_RATES, Invalid, diarize_form, form_language, form_vocabulary
+from .uploads import QUEUE_S, PauseJob, UploadRefused, feed, open_upload
+from .validate import Invalid, diarize_form, form_language, form_vocabulary
 from .validate import speech_body as _check_speech
 from .validate import transcription_form as _check_form
-from .vocabulary import logprob_entries, result_logprobs, session_factory
+from .vocabulary import prepare, result_logprobs, session_factory
 from .vocabulary import words_field as _words
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
@@ -240,65 +238,69 @@ def create_app(served: Served) -> FastAPI:
         diarize = diarize_form(form, fmt, stream, served.diarizer is not None)
         grans = set(form.getlist("timestamp_granularities[]")
                     + form.getlist("timestamp_granularities"))
-        vocabulary = form_vocabulary(form)
+        size = f.size if f.size is not None else len(await f.read())
+        if size > served.max_upload_bytes:
+            raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit of "
+                              f"{served.max_upload_bytes} bytes", "request_too_large", "file")
+        vocabulary = await asyncio.to_thread(form_vocabulary, form)  # off the event loop
         include = form.getlist("include[]") + form.getlist("include")
         want_lp = "logprobs" in include and fmt in ("json", "verbose_json")
+        loop = asyncio.get_running_loop()
+        queues: dict[str, asyncio.Queue] = {}
+
+        def sink(name: str) -> AsyncSink:
+            queues[name] = asyncio.Queue()
+            return AsyncSink(queues[name], loop)
+
         lease = await served.acquire(name, "asr")  # loaded first, when it is not
-        try:  # held until its job is submitted: the engine's job then keeps it loaded
+        try:  # held until its jobs are submitted: the engine's job then keeps it loaded
             model = lease.model
             language = form_language(form, model)  # before the upload is read: a 400 naming them
-            data = await f.read(served.max_upload_bytes + 1)
-            if len(data) > served.max_upload_bytes:
-                raise _http_error(413, f"the 'file' field ({f.filename!r}) is over the limit "
-                                  f"of {served.max_upload_bytes} bytes", "request_too_large",
-                                  "file")
-            audio = await asyncio.to_thread(_decode_audio, data, model.sample_rate, f.filename)
-            del data
-            loop = asyncio.get_running_loop()
-            q: asyncio.Queue = asyncio.Queue()
-            s = served.engine.submit(AsrStream(model, session_factory(model, vocabulary,
-                                                                      want_lp, language),
-                                               AsyncSink(q, loop), max_samples=len(audio)))
+            rate = model.sample_rate
+            try:  # from the header (and a float file's samples), before any engine work
+                upload = await open_upload(f.file, f.filename, size, rate, served.max_upload_s)
+            except UploadRefused as e:
+                raise _http_error(e.status, str(e), e.code, "file") from None
+            # the list's graph, built off the engine; held (`walk`) until the session is made
+            walk = await prepare(model, vocabulary)
+            room = int(QUEUE_S * rate)
+            jobs = [served.engine.submit(AsrStream(
+                model, session_factory(model, vocabulary, want_lp, language), sink("asr"),
+                max_samples=room))]
         finally:
             lease.release()
-        try:
-            s.push(audio)
-        except BufferFull as e:
-            raise _http_error(413, str(e)) from None
-        s.end()
-        seconds = len(audio) / model.sample_rate
+        if diarize:  # the diarizer and the pause finder take the same blocks, alongside
+            jobs.append(served.engine.submit(DiarizerStream(served.diarizer, sink("speakers"),
+                                                            max_samples=room)))
+        elif served.vad is not None and fmt in ("verbose_json", "srt", "vtt") and rate == 16000:
+            jobs.append(served.engine.submit(PauseJob(served.vad, sink("pauses"), room)))
+        feeder = asyncio.ensure_future(_feed(upload, rate, jobs, queues["asr"]))
         if stream:
-            return StreamingResponse(_sse_transcript(q, s, seconds, "word" in grans,
-                                                     model if want_lp else None,
-                                                     lambda r: languages_field(model, r, language)),
-                                     media_type="text/event-stream")
-        try:  # the client gone: the stream is closed, the engine drops it at its next tick
-            result = await while_connected(request, _await_done(q))
+            return StreamingResponse(_sse_transcript(
+                queues["asr"], jobs, feeder, walk, "word" in grans, model if want_lp else None,
+                model, lambda r: languages_field(model, r, language)),
+                media_type="text/event-stream")
+        try:  # the client gone: every job is closed, the engine drops them at its next tick
+            got = await while_connected(request, _upload_results(
+                queues, feeder, served.diarizer.n_speakers if diarize else 0))
         finally:
-            s.close()
-        if result is None:
+            feeder.cancel()
+            for j in jobs:
+                j.close()
+        if got is None:
             return Response(status_code=499)
+        result, seconds, frames, breaks = got
         if diarize:  # diarized_json, or diarize=true on verbose_json
-            from .diarization import diarize_upload, diarized_json, speaker_fields
+            from ..diarize import from_frames
+            from .diarization import diarized_json, speaker_fields
 
-            try:  # the client gone: the diarizer stream is closed, as the transcription's
-                d = await while_connected(request, diarize_upload(served, audio, result))
-            except RuntimeError as e:
-                raise _http_error(500, str(e)) from None
-            if d is None:
-                return Response(status_code=499)
+            d = from_frames(result, frames)
             if fmt == "diarized_json":
                 return diarized_json(d, seconds)
             return speaker_fields(_transcript_response(fmt, result, seconds, "word" in grans,
                                                        segments=d.segments,
                                                        said=(model, language)), d)
-        breaks = ()
-        if served.vad is not None and fmt in ("verbose_json", "srt", "vtt"):
-            breaks = await while_connected(request, _pause_breaks(served, audio,
-                                                                  model.sample_rate))
-            if breaks is None:
-                return Response(status_code=499)
-        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks,
+        resp = _transcript_response(fmt, result, seconds, "word" in grans, breaks or (),
                                     said=(model, language))
         if want_lp:  # OpenAI's include[]=logprobs: {token, logprob, bytes} per token
             resp["logprobs"] = result_logprobs(model, result)
@@ -408,8 +410,10 @@ def create_app(served: Served) -> FastAPI:
     add_speech_stream(app, served)
     add_kyutai(app, served)
     add_page(app)
+    app.state.shutdown = Shutdown()  # begun by limits.make_server's Server
     app.add_middleware(Limits, max_per_ip=served.max_per_ip, max_sessions=lambda: (
-        served.max_sessions or session_budget(served.models.budgets())))  # models load later
+        served.max_sessions or session_budget(served.models.budgets())),  # models load later
+        shutdown=app.state.shutdown)
     app.add_middleware(Guard, served=served)
     app.add_middleware(Defences, served=served)  # outermost: Host, Origin, content type
     if served.allowed_origins:
@@ -426,36 +430,6 @@ def _field(form, name: str) -> str | None:
     return v if isinstance(v, str) and v != "" else None
 
 
-def _decode_audio(data: bytes, rate: int, filename: str | None = None) -> np.ndarray:
-    """The upload's samples; a bad one is a 400 naming the field and the file's name."""
-    import soundfile as sf
-
-    from ..audio.io import check_audio
-    from ..audio.resample import resample
-
-    what = f"the 'file' field ({filename!r})" if filename else "the 'file' field"
-    if not data:
-        raise _http_error(400, f"{what} is empty", "invalid_audio", "file")
-    try:
-        x, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as e:
-        why = re.sub(r"^Error opening\s*:?\s*", "", re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "",
-                                                           str(e)).strip()).strip()
-        raise _http_error(400, f"{what}: cannot read the audio: format not supported or "
-                          f"corrupt" + (f" ({why})" if why else ""), "invalid_audio",
-                          "file") from None
-    try:
-        x = check_audio(x)
-    except MlxSpeechError as e:
-        raise _http_error(400, f"{what}: {e}", "invalid_audio", "file") from None
-    if x.size == 0:
-        raise _http_error(400, f"{what} has no samples", "invalid_audio", "file")
-    if sr != rate and sr not in FILE_RATES:
-        raise _http_error(400, f"{what}: unsupported sample rate {sr} Hz (supported: "
-                          f"{', '.join(map(str, FILE_RATES))})", "invalid_audio", "file")
-    return resample(x, sr, rate) if sr != rate else x
-
-
 TTFA_HEADER = "x-time-to-first-audio-ms"  # from the request to its first audio, on the server
 
 
@@ -467,7 +441,7 @@ def _speech_failed(ev) -> HTTPException:
     """A speech job's ("error", code, message), or a ("done", info) without a frame."""
     if ev[0] == "done":
         return _http_error(500, NO_AUDIO, "no_audio")
-    status = 400 if ev[1] == "invalid_request" else 500
+    status = {"invalid_request": 400, "server_shutdown": 503}.get(ev[1], 500)
     return _http_error(status, f"speech generation failed: {ev[2]}", ev[1])
 
 
@@ -499,13 +473,63 @@ async def _collect_speech(q: asyncio.Queue, t_request: float) -> tuple[list, str
             raise _speech_failed(ev)
 
 
-async def _await_done(q: asyncio.Queue):
+async def _feed(upload, rate: int, jobs: list, q: asyncio.Queue) -> float:
+    """`uploads.feed`, a refusal also told through the transcription's queue (`q`): a
+    streamed answer, already under way, ends with it as an error event."""
+    try:
+        return await feed(upload, rate, jobs)
+    except UploadRefused as e:
+        q.put_nowait(("error", e.code, str(e)))
+        raise
+
+
+def _job_failed(ev, what: str = "transcription") -> HTTPException:
+    """A job's ("error", code, message) as an HTTP error: a bad upload 400, one past the
+    limits 413, a shutdown 503, the rest 500."""
+    status = {"invalid_audio": 400, "upload_too_long": 413,
+              "server_shutdown": 503}.get(ev[1], 500)
+    msg = ev[2] if status in (400, 413) else f"{what} failed: {ev[2]}"
+    return _http_error(status, msg, ev[1], "file" if status in (400, 413) else None)
+
+
+async def _await_done(q: asyncio.Queue, what: str = "transcription"):
+    """A job's ("done", ...) event; its error as an HTTP error."""
     while True:
         ev = await q.get()
         if ev[0] == "done":
-            return ev[2]
+            return ev
         if ev[0] == "error":
-            raise _http_error(500, f"transcription failed: {ev[2]}", ev[1])
+            raise _job_failed(ev, what)
+
+
+async def _speaker_frames(q: asyncio.Queue, n_speakers: int):
+    """A diarizer stream's frames, all of them."""
+    from ..diarize import FrameLog
+
+    frames = FrameLog(n_speakers)
+    while True:
+        ev = await q.get()
+        if ev[0] == "frames":
+            frames.add(ev[1])
+        elif ev[0] == "done":
+            return frames.frames
+        else:
+            raise _job_failed(ev, "diarization")
+
+
+async def _upload_results(queues: dict, feeder, n_speakers: int) -> tuple:
+    """(result, seconds, speaker frames or None, pause breaks or None) of an upload's jobs."""
+    try:
+        seconds = await feeder
+    except UploadRefused as e:
+        raise _http_error(e.status, str(e), e.code, "file") from None
+    result = (await _await_done(queues["asr"]))[2]
+    frames = breaks = None
+    if "speakers" in queues:
+        frames = await _speaker_frames(queues["speakers"], n_speakers)
+    if "pauses" in queues:
+        breaks = (await _await_done(queues["pauses"], "pause detection"))[1]
+    return result, seconds, frames, breaks
 
 
 def _sse(data: dict) -> str:
@@ -517,26 +541,30 @@ def _sse_error(ev) -> str:
     return _sse({"type": "error", "error": error_body(ev[2], "server_error", ev[1])["error"]})
 
 
-async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = False,
-                          lp_model=None, languages=lambda result: {}):
+async def _sse_transcript(q: asyncio.Queue, jobs: list, feeder, walk, words: bool = False,
+                          lp_model=None, model=None, languages=lambda result: {}):
     """`transcript.text.delta` events, then `transcript.text.done`; with word timestamps asked
     for (an extension: OpenAI's streaming has none) the done event also carries `words`;
-    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`; `languages(result)`: the
-    done event's `languages` (server/languages.py)."""
-    text = TextDeltas()
+    `lp_model` (include[]=logprobs): both carry OpenAI's `logprobs`, each delta exactly its
+    own tokens'; `languages(result)`: the done event's `languages` (server/languages.py). The
+    upload is decoded into the stream meanwhile (`feeder`); `walk` holds the vocabulary's
+    graph until the stream's session is made."""
+    text = ItemDeltas(model.tokenizer)
     try:
         while True:
             ev = await q.get()
             if ev[0] == "delta":
-                d = text.add(ev[1])
-                lp = logprob_entries(lp_model, ev[2]) if len(ev) > 2 and lp_model else []
-                if d or lp:
+                d, lp = text.add(ev)
+                if d:
                     yield _sse({"type": "transcript.text.delta", "delta": d,
                                 **({"logprobs": lp} if lp else {})})
             elif ev[0] == "done":
                 result = ev[2]
-                if d := text.final(result.text):
-                    yield _sse({"type": "transcript.text.delta", "delta": d})
+                d, lp = text.final(result.text)
+                if d:
+                    yield _sse({"type": "transcript.text.delta", "delta": d,
+                                **({"logprobs": lp} if lp else {})})
+                seconds = await feeder
                 done = {"type": "transcript.text.done", "text": result.text,
                         **languages(result),
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
@@ -551,31 +579,9 @@ async def _sse_transcript(q: asyncio.Queue, s, seconds: float, words: bool = Fal
                 yield _sse_error(ev)
                 return
     finally:
-        s.close()
-
-
-async def _pause_breaks(served: Served, audio: np.ndarray, rate: int) -> list[float]:
-    """The upload's pauses: the VAD runs on the engine thread like every MLX call, as steps
-    of one 16 s piece per tick (live streams step in between); its last step is the breaks."""
-    from ..transcript import pause_break_steps
-
-    if rate != 16000:
-        return []
-    q: asyncio.Queue = asyncio.Queue()
-    job = served.engine.submit(Steps(lambda: pause_break_steps(served.vad, audio),
-                                     AsyncSink(q, asyncio.get_running_loop()), served.vad))
-    breaks = []
-    try:
-        while True:
-            ev = await q.get()
-            if ev[0] == "step":
-                breaks = ev[1]
-            elif ev[0] == "done":
-                return breaks or []
-            else:
-                raise _http_error(500, f"pause detection failed: {ev[2]}", ev[1])
-    finally:
-        job.close()  # the client gone: dropped at the engine's next step
+        feeder.cancel()
+        for j in jobs:
+            j.close()
 
 
 def _transcript_response(fmt: str, result, seconds: float, words: bool, breaks=(),

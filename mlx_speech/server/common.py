@@ -4,6 +4,7 @@ streamed-text bookkeeping. No FastAPI here."""
 from __future__ import annotations
 
 import asyncio
+import codecs
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,7 @@ class Served:
     voices_dir: str | None = None
     max_sessions: int | None = None  # None: limits.default_max_sessions of the models
     max_per_ip: int = 32
+    max_upload_s: float = 10800.0  # seconds of audio an upload may hold (server/uploads.py)
 
     def kind(self, model_id: str) -> str:
         return self.models.kind(model_id)
@@ -122,6 +124,113 @@ class TextDeltas:
         delta = text[len(self.sent):] if text.startswith(self.sent) else ""
         self.sent += delta
         return delta
+
+
+class TokenDeltas:
+    """Deltas cut at token boundaries, each carrying exactly the logprobs of its own text (for
+    clients that asked for logprobs): a token's text is what its bytes add to the transcript
+    (a character split over tokens belongs to the token that completes it); the transcript's
+    leading whitespace belongs to no token (an item's first token is shown without the space
+    its text does not have, in `token` and `bytes` alike), and a token whose text ends in
+    whitespace waits until text follows it. So each delta's tokens join to its text, the
+    deltas join to the transcript, and a delta with no text carries no logprobs."""
+
+    def __init__(self, tokenizer):
+        self.tk = tokenizer
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.started = False  # some text was seen (leading whitespace is gone)
+        self.held: list[list] = []  # [text, bytes, logprob] of tokens not sent yet
+        self.sent = ""
+
+    def _take(self, pairs) -> None:
+        for tok, lp in pairs:
+            b = b"" if self.tk.is_special(tok) else self.tk.token_bytes(tok)
+            if not b:  # markup (pads, word markers, language tags): no text, not listed
+                continue
+            text = self.utf8.decode(b)
+            if not self.started:
+                shown = text.lstrip()
+                cut = text[: len(text) - len(shown)].encode()
+                b = b[len(cut):] if b.startswith(cut) else b
+                text, self.started = shown, bool(shown)
+            self.held.append([text, b, float(lp)])
+
+    def _release(self, n: int) -> tuple[str, list[dict]]:
+        out, self.held = self.held[:n], self.held[n:]
+        text = "".join(e[0] for e in out)
+        if not text:
+            return "", []
+        self.sent += text
+        return text, [{"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in out]
+
+    def add(self, pairs) -> tuple[str, list[dict]]:
+        """The next delta's text and logprob entries, given the (id, logprob) pairs decoded
+        since the last call; ("", []) while nothing can be sent yet."""
+        self._take(pairs)
+        for n in range(len(self.held), 0, -1):
+            text = self.held[n - 1][0]
+            if text and not text[-1].isspace():
+                return self._release(n)
+        return "", []
+
+    def final(self, transcript: str) -> tuple[str, list[dict]]:
+        """The last delta: the tokens still held, without the trailing whitespace the
+        `transcript` does not have. Should the tokens not spell the transcript (a tokenizer
+        whose text is not its tokens' bytes), the rest of the text comes without logprobs."""
+        if self.held:
+            self.held[-1][0] += self.utf8.decode(b"", final=True)
+        rest = transcript[len(self.sent):] if transcript.startswith(self.sent) else None
+        joined = "".join(e[0] for e in self.held)
+        extra = joined[len(rest):] if rest is not None and joined.startswith(rest) else None
+        if extra is None or extra.strip():
+            self.held = []
+            if rest:
+                self.sent += rest
+            return rest or "", []
+        for e in reversed(self.held):  # drop the trailing whitespace, token by token
+            if not extra:
+                break
+            keep = e[0][: max(0, len(e[0]) - len(extra))]
+            gone = e[0][len(keep):]
+            e[1] = e[1][: len(e[1]) - len(gone.encode())] if e[1].endswith(gone.encode()) \
+                else e[1]
+            e[0], extra = keep, extra[: len(extra) - len(gone)]
+        return self._release(len(self.held))
+
+
+class ItemDeltas:
+    """An item's deltas from its engine events: cut at token boundaries with their logprobs
+    (`TokenDeltas`) when its session keeps logprobs (its events carry the tokens), else text
+    deltas (`TextDeltas`). `add(event)` and `final(transcript)` give (text, entries)."""
+
+    def __init__(self, tokenizer):
+        self.tk = tokenizer
+        self.text = TextDeltas()
+        self.tokens: TokenDeltas | None = None
+
+    def add(self, ev) -> tuple[str, list[dict]]:
+        """An engine ("delta", text[, pairs]) event."""
+        if len(ev) > 2:
+            if self.tokens is None:
+                self.tokens = TokenDeltas(self.tk)
+            return self.tokens.add(ev[2])
+        if self.tokens is not None:  # the tokens carry the text
+            return "", []
+        return self.text.add(ev[1]), []
+
+    def final(self, transcript: str) -> tuple[str, list[dict]]:
+        if self.tokens is not None:
+            return self.tokens.final(transcript)
+        return self.text.final(transcript), []
+
+
+def token_entries(tokenizer, pairs, transcript: str) -> list[dict]:
+    """A whole transcript's logprob entries, as `TokenDeltas` cuts them: joined, their tokens
+    are the transcript (completed items, REST `include[]=logprobs`)."""
+    d = TokenDeltas(tokenizer)
+    _, first = d.add(pairs)
+    _, last = d.final(transcript)
+    return first + last
 
 
 def pcm16_bytes(x: np.ndarray) -> bytes:

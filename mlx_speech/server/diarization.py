@@ -2,8 +2,9 @@
 Mistral's `diarize=true` on verbose_json) and realtime items (a connection's `Speakers`).
 
 The diarizer (`--diarizer MODEL`, a streaming Sortformer) runs on the engine thread like every
-MLX call, as a diarizer stream (`jobs.DiarizerStream`) batched with every other of its model;
-its frames are then aligned to the transcript's words (`mlx_speech.diarize`). The library
+MLX call, as a diarizer stream (`jobs.DiarizerStream`) batched with every other of its model
+(an upload's is fed the same decoded blocks as its transcription, server/uploads.py); its
+frames are then aligned to the transcript's words (`mlx_speech.diarize`). The library
 numbers speakers 0, 1, ... by first appearance; each protocol's form is made here, at its edge
 (the table: docs/diarization.md): OpenAI's diarized_json "A", "B", ... (as OpenAI names
 speakers without known ones), verbose_json's `speaker_id` "speaker_1", "speaker_2", ..., the
@@ -12,40 +13,11 @@ realtime events' `speaker` "Speaker 1", ... (the command line's form).
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
 from ..diarize import FrameLog, SpeakerTurns, main_speaker, speaker_runs
 from ..transcript import speaker_name
-from .common import AsyncSink
 from .jobs import BufferFull, DiarizerStream
-
-
-async def diarize_upload(served, audio: np.ndarray, result):
-    """The upload's diarized transcript (`mlx_speech.diarize.DiarizedTranscript`): a diarizer
-    stream over the whole upload, closed when this is cancelled (the client left)."""
-    from ..diarize import from_frames
-
-    diarizer = served.diarizer
-    q: asyncio.Queue = asyncio.Queue()
-    job = served.engine.submit(DiarizerStream(diarizer, AsyncSink(q, asyncio.get_running_loop()),
-                                              max_samples=len(audio)))
-    frames = FrameLog(diarizer.n_speakers)
-    try:
-        job.push(audio)
-        job.end()
-        while True:
-            ev = await q.get()
-            if ev[0] == "frames":
-                frames.add(ev[1])
-            elif ev[0] == "done":
-                break
-            else:
-                raise RuntimeError(f"diarization failed: {ev[2]}")
-    finally:
-        job.close()
-    return from_frames(result, frames.frames)
 
 
 def _letter(speaker: int | None) -> str:

@@ -9,10 +9,10 @@ the order of their `phase` (turn streams first: they open, feed and end the tran
 streams the same tick then steps). Results go back through each job's `sink` (thread-safe:
 the server's hands them to the event loop); a failed job gets ("error", code, message).
 
-The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex) and `Steps` (work
-advanced one step per tick); `TurnStream` (server/turns.py), `SpeechJob` (server/speech.py: the
-speech of one TTS model, a frame per tick, batched). A new kind is one class: its events,
-`start` if it needs a session, and `step_many`.
+The kinds here: `AsrStream`, `DiarizerStream`, `Conversation` (full duplex); `TurnStream`
+(server/turns.py), `SpeechJob` (server/speech.py: the speech of one TTS model, a frame per
+tick, batched), `PauseJob` (server/uploads.py: an upload's pauses, a VAD piece per tick). A
+new kind is one class: its events, `start` if it needs a session, and `step_many`.
 """
 
 from __future__ import annotations
@@ -40,23 +40,55 @@ class BufferFull(Exception):
     """A stream's input queue is at its bound; the audio was not taken."""
 
 
-class Input:
-    """A bounded queue of float32 samples, filled by I/O and drained by the engine."""
+class Budget:
+    """Samples queued in several inputs at once (the streams of one client connection), at
+    most `max_samples` in all: a connection that opens stream after stream holds no more
+    unprocessed audio than one stream may."""
 
     def __init__(self, max_samples: int):
         self.max_samples = max_samples
+        self.pending = 0
+        self.lock = threading.Lock()
+
+
+class Input:
+    """A bounded queue of float32 samples, filled by I/O and drained by the engine: at most
+    `max_samples`, and within its `budget` (shared with other inputs) when it has one.
+    `drop()` (its job closed or failed) empties it for good and gives its samples back."""
+
+    def __init__(self, max_samples: int, budget: Budget | None = None):
+        self.max_samples = max_samples
+        self.budget = budget
         self._lock = threading.Lock()
         self._chunks: collections.deque[np.ndarray] = collections.deque()
         self.pending = 0
+        self.dropped = False
 
     def push(self, x: np.ndarray) -> None:
         with self._lock:
+            if self.dropped or not len(x):
+                return
             if self.pending + len(x) > self.max_samples:
                 raise BufferFull(f"input buffer full ({self.pending} samples queued, "
                                  f"limit {self.max_samples}); send audio no faster than real time")
-            if len(x):
-                self._chunks.append(x)
-                self.pending += len(x)
+            if self.budget is not None:
+                self._charge(len(x))
+            self._chunks.append(x)
+            self.pending += len(x)
+
+    def _charge(self, n: int) -> None:
+        b = self.budget
+        with b.lock:
+            if b.pending + n > b.max_samples:
+                raise BufferFull(f"input buffer full ({b.pending} samples queued in this "
+                                 f"connection's streams, limit {b.max_samples}); send audio no "
+                                 "faster than it is transcribed")
+            b.pending += n
+
+    def _release(self, n: int) -> None:
+        if self.budget is not None and n:
+            with self.budget.lock:
+                self.budget.pending -= n
 
     def take(self, n: int) -> np.ndarray:
         """Up to `n` samples from the front (fewer when fewer are queued)."""
@@ -70,7 +102,15 @@ class Input:
                 out.append(c)
                 got += len(c)
             self.pending -= got
+            self._release(got)
         return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def drop(self) -> None:
+        with self._lock:
+            self.dropped = True
+            self._chunks.clear()
+            self._release(self.pending)
+            self.pending = 0
 
 
 def batched_calls(engine, items: list, call: Callable[[list], list], what: str,
@@ -137,11 +177,13 @@ class Job:
 class AudioJob(Job):
     """A job fed audio (at the model's rate) through a bounded queue: `push` from any thread,
     `end` when the client has sent it all. The queue holds `max_samples` (default: the
-    engine's `max_buffer_s` of audio)."""
+    engine's `max_buffer_s` of audio), and within `budget` when several jobs share one (a
+    connection's). A closed or failed job's queued audio is dropped at once."""
 
-    def __init__(self, model, sink: Sink, max_samples: int | None = None):
+    def __init__(self, model, sink: Sink, max_samples: int | None = None,
+                 budget: Budget | None = None):
         super().__init__(model, sink)
-        self.input = Input(max_samples or 0)
+        self.input = Input(max_samples or 0, budget)
         self.sized = max_samples is not None
         self.end_requested = False
 
@@ -162,6 +204,14 @@ class AudioJob(Job):
         self.end_requested = True
         self.engine.wake()
 
+    def close(self) -> None:
+        super().close()
+        self.input.drop()
+
+    def fail(self, code: str, message: str) -> None:
+        super().fail(code, message)
+        self.input.drop()
+
 
 class ModelStream(AudioJob):
     """A stream its model steps with `feed_many` / `finish_many` (ASR and diarizer sessions):
@@ -171,8 +221,8 @@ class ModelStream(AudioJob):
     say what a feed's and a finish's results are as events (`fed`, `done`)."""
 
     def __init__(self, model, make_session: Callable, sink: Sink,
-                 max_samples: int | None = None):
-        super().__init__(model, sink, max_samples)
+                 max_samples: int | None = None, budget: Budget | None = None):
+        super().__init__(model, sink, max_samples, budget)
         self.make_session, self.session = make_session, None
         self.frame = int(round(model.sample_rate * FRAME_S))
 
@@ -279,40 +329,3 @@ class Conversation(AudioJob):
             self.emit(("text", text))
         self.emit(("audio", pcm))
         return True
-
-
-class Steps(Job):
-    """Work done a step per tick, so live streams step in between (a VAD pass over an
-    upload): `make()` returns an iterator, advanced once per tick; ("step", value) per value,
-    then ("done",); or ("error", code, message)."""
-
-    phase = 3
-
-    def __init__(self, make: Callable[[], Iterator], sink: Sink, model=None):
-        super().__init__(model, sink)
-        self.make = make
-        self.it: Iterator | None = None
-
-    def event(self, value) -> Event:
-        return ("step", value)
-
-    @classmethod
-    def step_many(cls, engine, jobs: list[Steps]) -> bool:
-        for job in jobs:
-            job.advance()
-        return bool(jobs)
-
-    def advance(self) -> None:
-        try:
-            if self.it is None:
-                self.it = iter(self.make())
-            value = next(self.it)
-        except StopIteration:
-            self.finished = True
-            self.emit(("done",))
-            return
-        except Exception as e:
-            log.exception("%s failed", type(self).__name__)
-            self.fail("processing_error", str(e))
-            return
-        self.emit(self.event(value))

@@ -6,8 +6,11 @@
 - `HeaderTimeoutH11`: uvicorn's h11 protocol with a deadline on each request's headers (a
   client that sends them a byte at a time is cut; uvicorn itself waits forever).
 - `while_connected`: a non-streamed request's wait, cancelled when its client leaves.
-- `Server`: uvicorn's server that, on SIGTERM/SIGINT, fails every engine job at once so
-  pending requests answer and the process exits within seconds.
+- `Server`: uvicorn's server that, on SIGTERM/SIGINT, answers every pending request at once
+  with a 503 JSON error (`server_shutdown`, whatever the engine is doing), fails every engine
+  job, closes WebSockets with a close frame (1012) and exits within its grace period
+  (GRACEFUL_S). Proxy headers (X-Forwarded-For) are read only from `--forwarded-allow-ips`
+  peers; by default the peer address is the client (the per-IP limit counts it).
 """
 
 from __future__ import annotations
@@ -102,14 +105,43 @@ def _busy(message: str, code: str) -> dict:
     return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
 
 
-class Limits:
-    """Pure ASGI middleware: live sessions and per-IP connections, counted while they run."""
+SHUTDOWN = "the server is shutting down; try again later"
 
-    def __init__(self, app, max_sessions, max_per_ip: int):
+
+class Shutdown:
+    """The server's shutdown, seen by every request: `begin()` (on the event loop) wakes
+    whatever waits in `wait()`."""
+
+    def __init__(self):
+        self._event: asyncio.Event | None = None
+
+    def _get(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def begin(self) -> None:
+        self._get().set()
+
+    @property
+    def begun(self) -> bool:
+        return self._event is not None and self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._get().wait()
+
+
+class Limits:
+    """Pure ASGI middleware: live sessions and per-IP connections, counted while they run;
+    and the shutdown of HTTP requests: once `shutdown` begins, a request still pending is
+    answered 503 `server_shutdown` at once (one already streaming is ended)."""
+
+    def __init__(self, app, max_sessions, max_per_ip: int, shutdown: Shutdown | None = None):
         self.app = app  # max_sessions: an int, or a function giving it now
         self.max_sessions, self.max_per_ip = max_sessions, max_per_ip
         self.sessions = 0
         self.per_ip: collections.Counter = collections.Counter()
+        self.shutdown = shutdown or Shutdown()
 
     def session_limit(self) -> int:
         m = self.max_sessions
@@ -136,12 +168,45 @@ class Limits:
         self.per_ip[ip] += 1
         self.sessions += session
         try:
-            await self.app(scope, receive if ws else _body_deadline(receive), send)
+            if ws:
+                await self.app(scope, receive, send)
+            else:
+                await self._until_shutdown(scope, _body_deadline(receive), send)
         finally:
             self.sessions -= session
             self.per_ip[ip] -= 1
             if self.per_ip[ip] <= 0:
                 del self.per_ip[ip]
+
+    async def _until_shutdown(self, scope, receive, send) -> None:
+        """The request, unless the server shuts down first: then it is cancelled and answered
+        503 `server_shutdown` (or its streamed body ended)."""
+        started = False
+
+        async def tracked(msg):
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        if self.shutdown.begun:
+            return await send_json(send, 503, _busy(SHUTDOWN, "server_shutdown"))
+        task = asyncio.ensure_future(self.app(scope, receive, tracked))
+        stop = asyncio.ensure_future(self.shutdown.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if not task.cancelled():
+            return task.result()
+        with contextlib.suppress(Exception):  # the client may be gone already
+            if not started:
+                await send_json(send, 503, _busy(SHUTDOWN, "server_shutdown"))
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _body_deadline(receive):
@@ -237,26 +302,37 @@ def header_timeout_protocol(timeout_s: float = HEADER_TIMEOUT_S):
 
 
 def make_server(app, engine, host: str, port: int, *, header_timeout_s: float = HEADER_TIMEOUT_S,
-                keep_alive_s: float = KEEP_ALIVE_S, log_level: str = "info"):
-    """A uvicorn Server whose first SIGTERM/SIGINT fails every engine job (pending requests
-    answer at once, sockets close with 1012) and that stops waiting for what remains after
-    `GRACEFUL_S` seconds."""
+                keep_alive_s: float = KEEP_ALIVE_S, log_level: str = "info",
+                forwarded_allow_ips: list[str] | None = None):
+    """A uvicorn Server whose first SIGTERM/SIGINT answers pending requests 503 JSON and fails
+    every engine job at once (sockets close with 1012), and that stops waiting for what
+    remains after `GRACEFUL_S` seconds. `forwarded_allow_ips`: the proxies whose
+    X-Forwarded-For / X-Forwarded-Proto are believed (None: none; the peer is the client)."""
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             http=header_timeout_protocol(header_timeout_s),
                             timeout_keep_alive=keep_alive_s,
                             timeout_graceful_shutdown=GRACEFUL_S,
-                            h11_max_incomplete_event_size=64 * 1024)
+                            h11_max_incomplete_event_size=64 * 1024,
+                            proxy_headers=bool(forwarded_allow_ips),
+                            forwarded_allow_ips=list(forwarded_allow_ips or []) or None)
 
     # a refused WebSocket handshake is answered with an HTTP response (ASGI's denial
     # extension), which uvicorn's websockets protocol then logs as an app error: not one
     logging.getLogger("uvicorn.error").addFilter(
         lambda r: r.getMessage() != "ASGI callable returned without completing handshake.")
 
+    stopping = app.state.shutdown  # the app's (server/app.py: create_app)
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # a signal handler: no locks taken
             engine.cancel_all("the server is shutting down")
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:  # on the event loop
+            stopping.begin()  # every pending request answers now, whatever the engine does
+            engine.cancel_all("the server is shutting down")
+            await super().shutdown(sockets)
 
     return Server(config)

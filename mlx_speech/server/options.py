@@ -65,6 +65,15 @@ def build_parser() -> ArgumentParser:
                         "past it 503 / 1013")
     p.add_argument("--max-upload-mb", type=ranged(float, above=0), default=200.0,
                    help="largest request body in MB (default 200); larger is a 413")
+    p.add_argument("--max-upload-s", type=ranged(float, above=0), default=10800.0,
+                   help="most audio an upload may hold, in seconds (default 10800: 3 hours); "
+                        "checked from the file's header before decoding, with its decoded "
+                        "size (duration x rate x channels) at most that much 48 kHz stereo; "
+                        "past it a 413")
+    p.add_argument("--forwarded-allow-ips", metavar="IPS",
+                   help="behind a proxy: the proxies' addresses (comma-separated, or *) whose "
+                        "X-Forwarded-For names the client (default: none; the peer address is "
+                        "the client, for --max-connections-per-ip)")
     p.add_argument("--max-buffer-s", type=ranged(float, above=0), default=60.0,
                    help="seconds of audio a live stream may queue before buffer_full")
     p.add_argument("--idle-timeout-s", type=ranged(float, above=0), default=300.0,
@@ -159,7 +168,8 @@ def make_app(models, *, api_key: str | None = None,
              max_buffer_s: float = 60.0, idle_timeout_s: float = 300.0, batch: bool = True,
              vad=None, diarizer=None, host: str = "127.0.0.1",
              allowed_hosts: list[str] | None = None, voices_dir: str | None = None,
-             max_sessions: int | None = None, max_per_ip: int = 32):
+             max_sessions: int | None = None, max_per_ip: int = 32,
+             max_upload_s: float = 10800.0):
     """(app, engine): the ASGI app over started engine (stop it with `engine.stop()`).
 
     `models`: {id: loaded model}, or a `server.models.Models` store (models loaded when
@@ -180,7 +190,7 @@ def make_app(models, *, api_key: str | None = None,
     served = Served(store, engine, api_key, list(allowed_origins or []), max_upload_bytes,
                     idle_timeout_s, vad=vad, diarizer=diarizer, bind_host=host,
                     allowed_hosts=list(allowed_hosts or []), voices_dir=voices_dir,
-                    max_sessions=max_sessions, max_per_ip=max_per_ip)
+                    max_sessions=max_sessions, max_per_ip=max_per_ip, max_upload_s=max_upload_s)
     return create_app(served), engine
 
 
@@ -211,4 +221,5 @@ def app_from_args(args):
                     max_buffer_s=args.max_buffer_s, idle_timeout_s=args.idle_timeout_s,
                     batch=not args.no_batch, vad=vad, diarizer=diarizer, host=args.host,
                     allowed_hosts=args.allowed_host, voices_dir=args.voices,
-                    max_sessions=args.max_sessions, max_per_ip=args.max_connections_per_ip)
+                    max_sessions=args.max_sessions, max_per_ip=args.max_connections_per_ip,
+                    max_upload_s=args.max_upload_s)

@@ -30,16 +30,18 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio.resample import StreamingResampler
-from .common import AsyncSink, ModelNotFound, Served, TextDeltas, answer_subprotocol, usage
+from .common import AsyncSink, ItemDeltas, ModelNotFound, Served, answer_subprotocol, usage
 from .diarization import NO_SPEAKERS, ConnectionSpeakers
-from .jobs import AsrStream, BufferFull
+from .jobs import AsrStream, Budget, BufferFull
 from .languages import language_field, languages_field
 from .models import ModelUnavailable, acquire_told
 from .turns import TurnStream
-from .validate import Invalid, append_samples, language, realtime_event, vocabulary
+from .validate import Invalid, append_samples, language, realtime_event
 from .vocabulary import (
     LOGPROBS_INCLUDE,
-    logprob_entries,
+    ChangeRate,
+    parse,
+    prepare,
     result_logprobs,
     session_factory,
     words_field,
@@ -50,6 +52,9 @@ BIG_MESSAGE = 1 << 16  # bytes: JSON this large is parsed on a worker thread
 
 VLLM_RATE = 16000
 OPENAI_RATE = 24000
+MAX_ITEMS = 8  # items (utterances, turns) of one connection being transcribed at once
+TOO_MANY_ITEMS = (f"this connection has {MAX_ITEMS} items still being transcribed (the limit); "
+                  "wait for one to complete; this audio was not taken")
 
 
 def _pcm16(b64) -> np.ndarray:
@@ -83,11 +88,16 @@ class _Connection:
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue = asyncio.Queue()
         self.streams: dict[str, object] = {}  # live engine streams by item id
-        self.texts: dict[str, TextDeltas] = {}
+        self.texts: dict[str, ItemDeltas] = {}
         self.model_id: str | None = None
         self.model = None
         self.lease = None  # the connection's hold on `model` (server/models.py)
         self.vocabulary = None  # phrase boosting of the next sessions (a Vocabulary)
+        self.walk = None  # holds the vocabulary's context graph (built) while it is in use
+        self.vocab_rate = ChangeRate()
+        # the audio all of this connection's streams have queued, and not transcribed yet:
+        # at most one input buffer (the models' 16 kHz samples), however many items it opens
+        self.budget = Budget(int(self.engine.max_buffer_s * VLLM_RATE))
         self.logprobs = False  # include: ["item.input_audio_transcription.logprobs"]
         self.speakers = NO_SPEAKERS  # diarize: true -> a ConnectionSpeakers
         # the spoken language: as the client gave it, and as validate.language checked it for
@@ -124,12 +134,33 @@ class _Connection:
     def model_event(self, event: dict) -> dict:
         return event
 
-    def open_stream(self, item: str, make_session) -> AsrStream:
+    def open_stream(self, item: str, make_session) -> AsrStream | None:
+        """A new item's transcription stream; None when MAX_ITEMS are still open."""
+        if sum(k != "turns" and not s.finished for k, s in self.streams.items()) >= MAX_ITEMS:
+            return None
         s = self.engine.submit(AsrStream(self.model, make_session,
-                                         AsyncSink(self.out, self.loop, item)))
+                                         AsyncSink(self.out, self.loop, item),
+                                         budget=self.budget))
         self.streams[item] = s
-        self.texts[item] = TextDeltas()
+        self.texts[item] = ItemDeltas(self.model.tokenizer)
         return s
+
+    async def new_vocabulary(self, model, values: dict | None, param: str):
+        """(vocabulary, walk) for the next sessions of `model`: `values`' hotwords / prompt /
+        boost parsed on a worker thread (None: the vocabulary stays), its graph built on the
+        vocabulary thread (the walk holds it). Invalid(param, ...) for a bad list, one past
+        the graph's bound, or a change past the connection's rate."""
+        vocab = self.vocabulary
+        if values is not None:
+            vocab = await parse(values.get("hotwords"), values.get("prompt"),
+                                values.get("boost"), param)
+            if vocab != self.vocabulary and not self.vocab_rate.take():
+                raise self.vocab_rate.refused(param)
+        if model is None:  # built once a model is named
+            return vocab, None
+        if vocab == self.vocabulary and model is self.model:
+            return vocab, self.walk
+        return vocab, await prepare(model, vocab, param)
 
     def diarize(self) -> bool:
         """Speakers on the items from now on (once per connection); False when the server
@@ -306,23 +337,22 @@ class VllmConnection(_Connection):
             lease = await self.hold(model_id)
             if lease is None:
                 return
-            try:  # vLLM's top-level `language`, for the next utterances
+            try:  # vLLM's top-level `language`, for the next utterances; extension:
                 raw, lang = self.check_language(lease.model, event, "language")
-            except Invalid as e:
+                asked = "hotwords" in event or "boost" in event  # hotwords / boost for them
+                vocab, walk = await self.new_vocabulary(lease.model, event if asked else None,
+                                                        "hotwords")
+            except Invalid as e:  # the update is not applied
                 self.let_go(lease)
-                self.error("invalid_value", str(e))
+                self.error(e.code or "invalid_value", str(e))
                 return
             self.keep(lease)
             self.language_raw, self.language = raw, lang
+            self.vocabulary, self.walk = vocab, walk
             if event.get("diarize") and not self.diarize():  # speakers on each utterance
                 self.error("invalid_value", "this server has no diarizer (start it with "
                            "--diarizer)")
                 return
-            try:  # extension: hotwords / boost for the next utterances
-                if "hotwords" in event or "boost" in event:
-                    self.vocabulary = vocabulary(event.get("hotwords"), None, event.get("boost"))
-            except Invalid as e:
-                self.error("invalid_value", str(e))
             if err := self.set_include(event.get("include")):  # extension, as OpenAI's
                 self.error("invalid_value", err)
         elif t == "input_audio_buffer.append":
@@ -340,8 +370,9 @@ class VllmConnection(_Connection):
                 self.error("model_not_validated", "send session.update with a served model "
                            "before committing")
                 return
-            if self.item is None:
-                self.start()
+            if self.item is None and not self.start():
+                self.error("too_many_items", TOO_MANY_ITEMS)
+                return
             if event.get("final"):
                 self.streams[self.item].end()
                 self.item = None
@@ -349,11 +380,12 @@ class VllmConnection(_Connection):
             self.error("unknown_event", f"unknown event type {t!r}")
 
     def append(self, x: np.ndarray) -> None:
-        if self.item is None:
-            limit = int(self.engine.max_buffer_s * VLLM_RATE)
-            if self.n_pending + len(x) > limit:
-                self.error("buffer_full", f"input buffer full ({self.n_pending} samples "
-                           "waiting for a commit); this chunk was not taken")
+        if self.item is None:  # waiting for a commit, within the connection's budget
+            b = self.budget
+            if self.n_pending + b.pending + len(x) > b.max_samples:
+                self.error("buffer_full", f"input buffer full ({self.n_pending + b.pending} "
+                           "samples queued in this connection, limit "
+                           f"{b.max_samples}); this chunk was not taken")
                 return
             self.pending.append(x)
             self.n_pending += len(x)
@@ -367,10 +399,14 @@ class VllmConnection(_Connection):
         except BufferFull as e:
             self.error("buffer_full", f"{e}; this chunk was not taken")
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """A new utterance (False: too many are being transcribed)."""
+        s = self.open_stream(f"utt-{self.n_items + 1}",
+                             self.session_factory(self.model, self.language))
+        if s is None:
+            return False
         self.n_items += 1
         self.item = f"utt-{self.n_items}"
-        s = self.open_stream(self.item, self.session_factory(self.model, self.language))
         self.seconds[self.item] = 0.0
         self.speakers.start_item(self.item)
         pending, self.pending, self.n_pending = self.pending, [], 0
@@ -378,21 +414,23 @@ class VllmConnection(_Connection):
             x = np.concatenate(pending)
             _feed(s, self.speakers, x)
             self.seconds[self.item] += len(x) / VLLM_RATE
+        return True
 
     def engine_event(self, item: str, ev) -> list[dict]:
         text = self.texts.get(item)
         if ev[0] == "delta" and text is not None:
-            d = text.add(ev[1])
-            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
-            if not d and not lp:
+            d, lp = text.add(ev)
+            if not d:
                 return []
             return [{"type": "transcription.delta", "delta": d,
                      **({"logprobs": lp} if lp else {})}]
         if ev[0] == "done" and text is not None:
             result = ev[2]
             out = []
-            if d := text.final(result.text):
-                out.append({"type": "transcription.delta", "delta": d})
+            d, lp = text.final(result.text)
+            if d:
+                out.append({"type": "transcription.delta", "delta": d,
+                            **({"logprobs": lp} if lp else {})})
             extra = {"words": words_field(result)}
             if result.logprobs is not None:
                 extra["logprobs"] = result_logprobs(self.model, result)
@@ -623,13 +661,6 @@ class OpenAIConnection(_Connection):
             self.error("invalid_value", "this server has no diarizer (start it with "
                        "--diarizer)", eid, "session.audio.input.transcription.diarize")
             return
-        vocab = self.vocabulary
-        if any(k in tr for k in ("hotwords", "boost", "prompt")):
-            try:  # hotwords / boost: an extension; prompt: OpenAI's, read as phrases
-                vocab = vocabulary(tr.get("hotwords"), tr.get("prompt"), tr.get("boost"))
-            except Invalid as e:
-                self.error("invalid_value", str(e), eid, "session.audio.input.transcription")
-                return
         delay = tr.get("delay", self.delay)  # one of DELAY_NAMES (checked by realtime_event)
         model_id = self.model_id
         name = tr.get("model")
@@ -660,11 +691,23 @@ class OpenAIConnection(_Connection):
             self.error("invalid_value", "the model, delay and language are fixed once audio was "
                        "appended with turn detection on", eid)
             return
+        model = self.model if lease is None else lease.model
+        vocab, walk = self.vocabulary, self.walk
+        asked = any(k in tr for k in ("hotwords", "boost", "prompt"))
+        if asked or model is not self.model:  # hotwords / boost: an extension; prompt:
+            try:  # OpenAI's, read as phrases. Parsed and built off the loop and the engine;
+                vocab, walk = await self.new_vocabulary(  # this update waits for it
+                    model, tr if asked else None, "session.audio.input.transcription")
+            except Invalid as e:
+                if lease is not None:
+                    self.let_go(lease)
+                self.error(e.code or "invalid_value", str(e), eid, e.param)
+                return
         self.rate, self.delay = rate, delay
         self.language_raw, self.language = raw, lang
         if lease is not None:
             self.keep(lease)
-        self.vocabulary = vocab  # the next turns' sessions take it
+        self.vocabulary, self.walk = vocab, walk  # the next turns' sessions take it
         if self.turns is not None:
             if turn is None:  # back to client commits: the uncommitted turn is dropped
                 self.turns.close()
@@ -701,7 +744,7 @@ class OpenAIConnection(_Connection):
                     self.served.vad, self.model, self.make_session(),
                     AsyncSink(self.out, self.loop, "turns"),
                     lambda item: AsyncSink(self.out, self.loop, item), self.turn_config,
-                    lambda: f"item_{secrets.token_hex(8)}"))
+                    lambda: f"item_{secrets.token_hex(8)}", budget=self.budget))
                 self.streams["turns"] = self.turns
                 self.speakers.start_turns()
             turns, resampler, speakers = self.turns, self.resampler, self.speakers
@@ -712,9 +755,12 @@ class OpenAIConnection(_Connection):
                 self.error("buffer_full", f"{e}; this chunk was not taken", eid)
             return
         if self.item is None:
-            self.item = f"item_{secrets.token_hex(8)}"
+            item = f"item_{secrets.token_hex(8)}"
+            if self.open_stream(item, self.make_session()) is None:
+                self.error("too_many_items", TOO_MANY_ITEMS, eid)
+                return
+            self.item = item
             self.resampler = StreamingResampler(self.rate, self.model.sample_rate)
-            self.open_stream(self.item, self.make_session())
             self.speakers.start_item(self.item)
         # resample first (its state must see every sample), then queue; off the event loop
         s, resampler, speakers = self.streams[self.item], self.resampler, self.speakers
@@ -731,7 +777,7 @@ class OpenAIConnection(_Connection):
         base = {"event_id": self._event_id()}
         if kind == "started":
             self.speakers.start_item(ev[1], ev[2])
-            self.texts[ev[1]] = TextDeltas()
+            self.texts[ev[1]] = ItemDeltas(self.model.tokenizer)
             self.held[ev[1]] = []
             return [{"type": "input_audio_buffer.speech_started", **base, "item_id": ev[1],
                      "audio_start_ms": _ms(ev[2])}]
@@ -742,7 +788,7 @@ class OpenAIConnection(_Connection):
                             "item_id": item, "audio_end_ms": _ms(ev[2])})
             elif kind == "timeout":
                 self.speakers.start_item(item, ev[2])
-                self.texts[item] = TextDeltas()
+                self.texts[item] = ItemDeltas(self.model.tokenizer)
                 out.append({"type": "input_audio_buffer.timeout_triggered", **base,
                             "item_id": item, "audio_start_ms": _ms(ev[2]),
                             "audio_end_ms": _ms(ev[3])})
@@ -768,16 +814,16 @@ class OpenAIConnection(_Connection):
         base = {"event_id": self._event_id(), "item_id": item, "content_index": 0}
         out = []
         if ev[0] == "delta" and text is not None:
-            d = text.add(ev[1])
-            lp = logprob_entries(self.model, ev[2]) if len(ev) > 2 else []
-            if d or lp:
+            d, lp = text.add(ev)
+            if d:  # an empty delta is not sent (nor logprobs without their text)
                 out = [{"type": "conversation.item.input_audio_transcription.delta", **base,
                         "delta": d, **({"logprobs": lp} if lp else {})}]
         elif ev[0] == "done" and text is not None:
             result = ev[2]
-            if d := text.final(result.text):
+            d, lp = text.final(result.text)
+            if d:
                 out.append({"type": "conversation.item.input_audio_transcription.delta",
-                            **base, "delta": d})
+                            **base, "delta": d, **({"logprobs": lp} if lp else {})})
             u = usage(result, result.token_times[-1] if result.token_times else 0.0)
             extra = {"words": words_field(result)}  # extension: the model's word times
             if result.logprobs is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..audio.turns import FRAME, SAMPLE_RATE, TurnAudio, TurnConfig, TurnDetector, frame_pitch
-from .jobs import MAX_FEED_S, AsrStream, AudioJob, BufferFull, Sink
+from .jobs import MAX_FEED_S, AsrStream, AudioJob, Budget, BufferFull, Sink
 
 log = logging.getLogger("mlx_speech.server")
 
@@ -35,14 +35,15 @@ class TurnStream(AudioJob):
     for a client commit, ("commit_empty", event_id), ("cleared", event_id), ("timeout", item,
     start_sample, end_sample), ("error", code, msg). Each item's text comes from its own
     AsrStream, whose events go to `item_sink(item)`. The streams of one VAD share its batched
-    calls."""
+    calls. With a `budget` (the connection's), the audio queued here and in its items counts
+    against it."""
 
     phase = 0  # before the transcription streams: it opens, feeds and ends them this tick
 
     def __init__(self, vad, asr, make_session: Callable, sink: Sink,
                  item_sink: Callable[[str], Sink], config: TurnConfig,
-                 new_item: Callable[[], str]):
-        super().__init__(vad, sink)
+                 new_item: Callable[[], str], budget: Budget | None = None):
+        super().__init__(vad, sink, budget=budget)
         self.vad, self.asr, self.make_session = vad, asr, make_session
         self.item_sink, self.new_item = item_sink, new_item
         self.audio = TurnAudio(TurnDetector(config))
@@ -75,7 +76,8 @@ class TurnStream(AudioJob):
     def _open_item(self, item: str) -> AsrStream:
         """The item's transcription, adopted (its session made) before the engine steps the
         transcription streams of this tick."""
-        return self.engine.submit(AsrStream(self.asr, self.make_session, self.item_sink(item)))
+        return self.engine.submit(AsrStream(self.asr, self.make_session, self.item_sink(item),
+                                            budget=self.input.budget))
 
     def _feed_item(self, s: AsrStream, x: np.ndarray) -> None:
         if s.finished:

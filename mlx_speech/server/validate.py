@@ -37,9 +37,9 @@ Check = Callable[[object, str], object]
 class Invalid(ValueError):
     """A client value failed its check: `param` names the field (dotted path)."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code  # code: the error code, when not the route's own
 
 
 def _type_name(v) -> str:
@@ -141,15 +141,94 @@ def list_of(inner: Check, max_len: int = 16) -> Check:
     return check
 
 
+# ---------------------------------------------------------------- the vocabulary
+
+
+MAX_PROMPT_WORDS, MAX_PROMPT_CHARS = 4, 60
+
+
+def prompt_phrases(prompt: str | None) -> list[str]:
+    """OpenAI's `prompt` as its phrases (for `Vocabulary.parse`), or [] when it reads as
+    prose. The rule: a prompt is a phrase list when, split at commas and newlines, every item
+    is at most 4 words and 60 characters and none ends a sentence (`.`, `!`, `?`); e.g.
+    "Kubernetes, LinTO, mlx speech". Any other prompt (prose) is ignored. An explicit
+    `hotwords` wins over `prompt`."""
+    import re
+
+    if not isinstance(prompt, str) or not prompt.strip():
+        return []
+    items = [p.strip() for p in re.split(r"[,\n]", prompt)]
+    items = [p for p in items if p]
+    if not items or any(len(p.split()) > MAX_PROMPT_WORDS or len(p) > MAX_PROMPT_CHARS
+                        or p[-1] in ".!?" for p in items):
+        return []
+    return items
+
+
+def hotwords_value(v, param: str):
+    """The sizes of a hotwords value, checked without parsing it (constant time for a string,
+    one pass over a list's lengths): a comma-separated string of at most MAX_INPUT_CHARS
+    characters, or a list of at most MAX_PHRASES strings of at most MAX_INPUT_CHARS in all.
+    `vocabulary` then parses it (on a worker thread: server/vocabulary.py)."""
+    from ..text.vocabulary import MAX_INPUT_CHARS, MAX_PHRASES
+
+    if isinstance(v, str):
+        if len(v) > MAX_INPUT_CHARS:
+            raise Invalid(param, f"{param} is longer than {MAX_INPUT_CHARS} characters (at "
+                          f"most {MAX_PHRASES} phrases)")
+        return v
+    if not isinstance(v, list):
+        raise Invalid(param, f"{param} must be a list of phrases or a comma-separated string, "
+                      f"got {_type_name(v)}")
+    if len(v) > MAX_PHRASES:
+        raise Invalid(param, f"at most {MAX_PHRASES} hotwords, got {len(v)}")
+    if not all(isinstance(p, str) for p in v):
+        raise Invalid(param, f"{param} must be strings")
+    if sum(map(len, v)) > MAX_INPUT_CHARS:
+        raise Invalid(param, f"{param} hold more than {MAX_INPUT_CHARS} characters in all")
+    return v
+
+
+def boost_value(v, param: str):
+    """A boost: a number, or a number written as text (REST forms send text)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise Invalid(param, f"{param} must be a number, got {_type_name(v)}")
+    if isinstance(v, str) and len(v) > 32:
+        raise Invalid(param, f"{param} must be a number")
+    return v
+
+
+def vocabulary(hotwords=None, prompt=None, boost=None, param: str = "hotwords"):
+    """A request's vocabulary (a `Vocabulary`, or None: nothing to boost), parsed once:
+    `hotwords` (a list or a comma-separated string), else OpenAI's `prompt` when it reads as
+    a phrase list (`prompt_phrases`), weighted by `boost` (None or "": the default). Sizes
+    are checked before any parsing; the parse is linear in the input. Raises
+    Invalid(param, reason)."""
+    from ..text.vocabulary import Vocabulary
+
+    if hotwords is not None:
+        hotwords_value(hotwords, param)
+    if boost not in (None, ""):
+        boost_value(boost, param)
+    try:
+        return Vocabulary.parse(hotwords if hotwords else prompt_phrases(prompt),
+                                None if boost in (None, "") else boost)
+    except MlxSpeechError as e:
+        raise Invalid(param, str(e)) from None
+
+
 # ---------------------------------------------------------------- realtime events
 
 _name = nullable(string())
 _event_id = nullable(string(max_len=128))
 _audio = string(max_len=1 << 30)  # base64; its size is bounded by the frame limit
 
+_hotwords = nullable(hotwords_value)
+_boost = nullable(boost_value)
+
 VLLM_EVENTS: dict[str, Check] = {
     "session.update": obj({"model": _name, "event_id": _event_id, "diarize": nullable(boolean),
-                           "language": _name}),
+                           "hotwords": _hotwords, "boost": _boost, "language": _name}),
     "input_audio_buffer.append": obj({"audio": _audio}, required=("audio",)),
     "input_audio_buffer.commit": obj({"final": nullable(boolean)}),
 }
@@ -167,6 +246,7 @@ _turn_detection = nullable(obj({
 _transcription = nullable(obj({
     "model": _name, "delay": nullable(string(DELAY_NAMES)), "language": _name,
     "prompt": nullable(string(max_len=MAX_TEXT_CHARS)), "diarize": nullable(boolean),
+    "hotwords": _hotwords, "boost": _boost,
 }))
 _format = nullable(obj({"type": string(), "rate": integer(8000, 48000, STREAM_RATES)}))
 _session = obj({
@@ -250,26 +330,6 @@ def speech_stream_event(event: dict, max_frames_cap: int) -> bool:
         return False
     schema(event, "")
     return True
-
-
-# ---------------------------------------------------------------- the vocabulary
-
-
-def vocabulary(hotwords=None, prompt=None, boost=None, param: str = "hotwords"):
-    """A request's vocabulary (a `Vocabulary`, or None: nothing to boost), parsed once:
-    `hotwords` (a list or a comma-separated string), else OpenAI's `prompt` when it reads as
-    a phrase list (server/vocabulary.py), weighted by `boost` (None or "": the default).
-    Raises Invalid(param, reason)."""
-    from ..text.vocabulary import Vocabulary
-    from .vocabulary import prompt_phrases
-
-    if hotwords is not None and not isinstance(hotwords, (str, list)):
-        raise Invalid(param, "hotwords must be a list of phrases or a comma-separated string")
-    try:
-        return Vocabulary.parse(hotwords if hotwords else prompt_phrases(prompt),
-                                None if boost in (None, "") else boost)
-    except MlxSpeechError as e:
-        raise Invalid(param, str(e)) from None
 
 
 # ---------------------------------------------------------------- the language

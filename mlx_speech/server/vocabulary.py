@@ -1,50 +1,90 @@
-"""The vocabulary's server rules and the transcription extras: OpenAI's `prompt` read as a
-phrase list when it is one, logprobs and word times in OpenAI's shapes, and the session
-factory that carries a request's vocabulary (parsed once, in server/validate.py).
+"""The vocabulary's server side and the transcription extras: logprobs and word times in
+OpenAI's shapes, and the session factory that carries a request's vocabulary (checked and
+parsed once, by server/validate.py's rules: OpenAI's `prompt` read as a phrase list when it
+is one, `prompt_phrases`).
 
-The `prompt` rule: a prompt is a phrase list when, split at commas and newlines, every item
-is at most 4 words and 60 characters and none ends a sentence (`.`, `!`, `?`); e.g.
-"Kubernetes, LinTO, mlx speech". Any other prompt (prose) is ignored, as before. An explicit
-`hotwords` wins over `prompt`.
+The vocabulary's work stays off the event loop and off the engine's thread: a request's
+values are parsed on a worker thread (`parse`), and its context graph is built on the one
+vocabulary thread (`prepare`) before any session is made with it, so a list still building
+stalls no stream: the stream that asked waits for it (a realtime `session.update` is answered
+once its list is ready, and the audio after it is read then), every other stream steps on.
+A realtime connection changes its vocabulary at most VOCABULARY_BURST times at once and once
+per VOCABULARY_EVERY_S seconds after that (`ChangeRate`); a change past it is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import MlxSpeechError
 from ..text.vocabulary import session_keywords
+from .validate import Invalid, prompt_phrases, vocabulary  # noqa: F401 (re-exported)
 
-MAX_PROMPT_WORDS, MAX_PROMPT_CHARS = 4, 60
+VOCABULARY_BURST = 4  # vocabulary changes a realtime connection may make at once
+VOCABULARY_EVERY_S = 1.0  # then one per this many seconds
+# every context graph is built here, one at a time: never on the event loop or the engine
+_GRAPHS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx_speech-vocabulary")
 
 
-def prompt_phrases(prompt: str | None) -> list[str]:
-    """OpenAI's `prompt` as its phrases (for `Vocabulary.parse`), or [] when it reads as
-    prose."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        return []
-    items = [p.strip() for p in re.split(r"[,\n]", prompt)]
-    items = [p for p in items if p]
-    if not items or any(len(p.split()) > MAX_PROMPT_WORDS or len(p) > MAX_PROMPT_CHARS
-                        or p[-1] in ".!?" for p in items):
-        return []
-    return items
+async def parse(hotwords=None, prompt=None, boost=None, param: str = "hotwords"):
+    """`validate.vocabulary` on a worker thread (linear in the input, whose size the schemas
+    bounded); Invalid(param, reason) for a bad list."""
+    if hotwords is None and boost is None and not prompt:
+        return None
+    return await asyncio.to_thread(vocabulary, hotwords, prompt, boost, param)
+
+
+async def prepare(model, vocab, param: str = "hotwords"):
+    """Build (or find) `vocab`'s context graph for `model` on the vocabulary thread; returns
+    the walk that keeps the graph alive (hold it while sessions may be made with `vocab`:
+    the model's cache then finds it, and the engine never builds one). Invalid(param, reason)
+    for a list past the graph's bounds."""
+    if vocab is None:
+        return None
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_GRAPHS, model.booster, vocab)
+    except MlxSpeechError as e:
+        raise Invalid(param, str(e)) from None
+
+
+class ChangeRate:
+    """A token bucket: `take()` is True for at most `burst` changes at once, then one per
+    `every_s` seconds."""
+
+    def __init__(self, burst: int = VOCABULARY_BURST, every_s: float = VOCABULARY_EVERY_S):
+        self.burst, self.every_s = burst, every_s
+        self.tokens, self.t = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) / self.every_s)
+        self.t = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def refused(self, param: str) -> Invalid:
+        return Invalid(param, f"vocabulary changes are limited to {self.burst} at once and one "
+                       f"every {self.every_s:g} s after that; this one was not applied (the "
+                       "vocabulary stays as it was)", "rate_limited")
 
 
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
 
-def logprob_entries(model, pairs) -> list[dict]:
-    """OpenAI's logprobs entries ({token, logprob, bytes}) for (id, logprob) pairs; special
-    tokens (Voxtral's streaming pads and word markers) carry no text and are left out."""
-    from ..models.asr import logprob_items
-
-    tk = model.tokenizer
-    return [e for e in logprob_items(tk, pairs) if e["bytes"]]
-
-
 def result_logprobs(model, result) -> list[dict]:
-    return logprob_entries(model, zip(result.token_ids, result.logprobs or [], strict=False))
+    """OpenAI's logprobs entries ({token, logprob, bytes}) of a whole result, joining to its
+    text exactly (`common.token_entries`); special tokens (Voxtral's streaming pads and word
+    markers) carry no text and are left out."""
+    from .common import token_entries
+
+    return token_entries(model.tokenizer, zip(result.token_ids, result.logprobs or [],
+                                              strict=False), result.text)
 
 
 def words_field(result) -> list[dict]:

@@ -5,7 +5,9 @@ events, the app's settings, the Python API's `hotwords=`), into one `Vocabulary`
 inward unchanged to the session; each model turns it into its own context graph (cached per
 model). Parsing costs time linear in the input, and its size is bounded before any work: a
 string longer than `MAX_INPUT_CHARS` or a list longer than `MAX_PHRASES` items is refused
-before it is split or read.
+before it is split or read. A model's graph of a list holds at most `MAX_GRAPH_TOKENS` tokens
+(every phrase as the model reads it: Voxtral reads each twice, with and without a leading
+space); a list past it is refused when its graph is built, before any more of it is read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ DEFAULT_BOOST = 1.0  # the weight of the graph's scores on the logits (NeMo's al
 MAX_PHRASES = 10000
 MAX_PHRASE_CHARS = 200
 MAX_BOOST = 100.0
+MAX_GRAPH_TOKENS = 100_000  # tokens in one list's context graph (its build stays well under 1 s)
 # a comma-separated string of MAX_PHRASES longest phrases, with the separators
 MAX_INPUT_CHARS = MAX_PHRASES * (MAX_PHRASE_CHARS + 1)
 

@@ -491,7 +491,7 @@ def test_command_line(monkeypatch, capsys, tmp_path):
         seen["load", path] = kw
         return nm
 
-    def fake_serve(app, sock, engine):
+    def fake_serve(app, sock, engine, forwarded_allow_ips=None):
         seen["bind"] = sock.getsockname()[:2]
 
     monkeypatch.setattr(mlx_speech, "locate", fake_locate)

@@ -6,10 +6,10 @@ kind of its own (batched streams == the diarizer alone) and ends with its client
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -135,16 +135,20 @@ def test_diarizer_streams_batched_equal_the_diarizer_alone(diar_audio, batch):
 
 
 def test_rest_diarization_ends_with_its_client(diar_audio):
-    """`diarize_upload` cancelled (the client left, as `while_connected` cancels it) while
-    its first piece is in the model: its diarizer stream is closed and the engine drops it
-    without feeding the rest; uncancelled, it equals the library."""
-    from mlx_speech.diarize import diarize_result
+    """An upload's diarizer stream, fed the upload's decoded blocks (`uploads.feed`), ends
+    with its client: the feed cancelled and the job closed (as the route does when
+    `while_connected` sees the client gone) while its first piece is in the model, the
+    engine drops it without feeding the rest; uncancelled, its frames aligned to a
+    transcript equal the library's."""
+    from mlx_speech.diarize import FrameLog, diarize_result, from_frames
     from mlx_speech.models.asr import Transcript, Word
-    from mlx_speech.server.diarization import diarize_upload
+    from mlx_speech.server.uploads import QUEUE_S, feed, open_upload
 
     diar, audio = diar_audio
+    buf = io.BytesIO()
+    sf.write(buf, audio, 16000, format="WAV", subtype="FLOAT")  # the samples exactly
+    data = buf.getvalue()
     eng = Engine().start()
-    served = SimpleNamespace(engine=eng, diarizer=diar)
     result = Transcript("a b", [], [Word("a", 0.5, 1.0), Word("b", 5.0, 5.5)])
     gate = threading.Event()
     real, fed = diar.feed_many, []
@@ -154,19 +158,30 @@ def test_rest_diarization_ends_with_its_client(diar_audio):
         assert gate.wait(DEADLINE_S)
         return real(pairs)
 
-    try:
-        async def cancelled():
-            task = asyncio.ensure_future(diarize_upload(served, audio, result))
+    async def diarize(cancel: bool):
+        up = await open_upload(io.BytesIO(data), "v.wav", len(data), 16000, 3600.0)
+        events: list = []
+        job = eng.submit(DiarizerStream(diar, events.append, max_samples=int(QUEUE_S * 16000)))
+        feeder = asyncio.ensure_future(feed(up, 16000, [job]))
+        if not cancel:
+            await feeder
             t0 = time.monotonic()
-            while not fed:  # the first piece is in the model
+            while not events or events[-1][0] != "done":
                 assert time.monotonic() - t0 < DEADLINE_S
                 await asyncio.sleep(0.01)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            return events
+        t0 = time.monotonic()
+        while not fed:  # the first piece is in the model
+            assert time.monotonic() - t0 < DEADLINE_S
+            await asyncio.sleep(0.01)
+        feeder.cancel()  # the route's `finally`, the client gone (the feed may be done:
+        job.close()  # the whole clip fits the job's queue)
+        await asyncio.gather(feeder, return_exceptions=True)
+        return events
 
+    try:
         diar.feed_many = slow_feed
-        asyncio.run(cancelled())
+        asyncio.run(diarize(cancel=True))
         gate.set()
         t0 = time.monotonic()
         while eng.open_jobs:
@@ -174,7 +189,12 @@ def test_rest_diarization_ends_with_its_client(diar_audio):
             time.sleep(0.01)
         assert fed == [1]  # 10 s of audio, 2 s a tick: the rest was never fed
         del diar.feed_many
-        d = asyncio.run(asyncio.wait_for(diarize_upload(served, audio, result), DEADLINE_S))
+        events = asyncio.run(asyncio.wait_for(diarize(cancel=False), DEADLINE_S))
+        frames = FrameLog(diar.n_speakers)
+        for ev in events[:-1]:
+            assert ev[0] == "frames"
+            frames.add(ev[1])
+        d = from_frames(result, frames.frames)
         want = diarize_result(result, audio, diar)
         np.testing.assert_array_equal(d.probs, want.probs)
         assert d.words == want.words and d.segments == want.segments

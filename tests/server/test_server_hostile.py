@@ -30,10 +30,9 @@ websockets = pytest.importorskip("websockets")
 import httpx  # noqa: E402
 
 import mlx_speech  # noqa: E402
-from mlx_speech.server import make_app  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
 from tests.support.server import (  # noqa: E402
-    ServerThread,
+    HostileServer,
     pcm16,
     run,
     server_process,
@@ -43,18 +42,6 @@ from tests.support.server import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parents[1] / "golden"
-
-
-class HostileServer(ServerThread):
-    """ServerThread, served as `python -m mlx_speech.server` serves (header deadline,
-    keep-alive and shutdown settings of `limits.make_server`)."""
-
-    def __init__(self, models, header_timeout_s: float = 10.0, **kw):
-        from mlx_speech.server.limits import make_server
-
-        self.app, self.engine = make_app(models, **kw)
-        self.serve(make_server(self.app, self.engine, "127.0.0.1", 0,
-                               header_timeout_s=header_timeout_s, log_level="error"))
 
 
 @pytest.fixture(scope="module")

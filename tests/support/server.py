@@ -74,6 +74,20 @@ class ServerThread:
         return f"ws://127.0.0.1:{self.port}"
 
 
+class HostileServer(ServerThread):
+    """ServerThread, served as `python -m mlx_speech.server` serves (header deadline,
+    keep-alive, shutdown and proxy-header settings of `limits.make_server`)."""
+
+    def __init__(self, models, header_timeout_s: float = 10.0,
+                 forwarded_allow_ips: list[str] | None = None, **kw):
+        from mlx_speech.server.limits import make_server
+
+        self.app, self.engine = make_app(models, **kw)
+        self.serve(make_server(self.app, self.engine, "127.0.0.1", 0,
+                               header_timeout_s=header_timeout_s, log_level="error",
+                               forwarded_allow_ips=forwarded_allow_ips))
+
+
 def server_process(command: list[str], **popen) -> tuple[subprocess.Popen, int]:
     """A server command (`python -m mlx_speech.server ...`) run with `--port 0`: the process
     and the port it bound, read from its "the page: http://...:PORT/" line (waited for, twice
@@ -141,10 +155,10 @@ async def append_and_commit(conn, pcm: np.ndarray, chunk_bytes: int) -> None:
 
 
 async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
-                      chunk_bytes: int = 4096, headers=None,
-                      update: dict | None = None) -> tuple[str, dict]:
+                      chunk_bytes: int = 4096, headers=None, update: dict | None = None,
+                      deltas_out: list | None = None) -> tuple[str, dict]:
     """vLLM's examples/online_serving/openai_realtime_client.py, step by step; `update`: more
-    fields of its session.update (vLLM's `language`)."""
+    fields of its session.update (vLLM's `language`); `deltas_out`: gets every delta event."""
     import websockets
 
     async with websockets.connect(srv.ws + "/v1/realtime",
@@ -165,6 +179,8 @@ async def vllm_client(srv, model: str, pcm: np.ndarray, pace_s: float = 0.0,
             ev = json.loads(await ws.recv())
             if ev["type"] == "transcription.delta":
                 deltas.append(ev["delta"])
+                if deltas_out is not None:
+                    deltas_out.append(ev)
             elif ev["type"] == "transcription.done":
                 return "".join(deltas), ev
             else:

@@ -23,11 +23,13 @@ class Transcript(asr.Transcript):
     frames: list[int] = field(default_factory=list)  # encoder frame (80 ms) of each token
 
 
-def words_from_tokens(ids: list[int], frames: list[int], tokenizer) -> list[Word]:
-    """A word starts at a piece with a leading space; it spans its tokens' frames."""
+def words_from_tokens(ids: list[int], frames: list[int], tokenizer,
+                      audio_s: float | None = None) -> list[Word]:
+    """A word starts at a piece with a leading space; it spans its tokens' frames (within the
+    `audio_s` seconds of audio given)."""
     sec = FRAME_MS / 1000
-    return group_words((tokenizer.token_bytes(t), f * sec, (f + 1) * sec, False)
-                       for t, f in zip(ids, frames, strict=True))
+    return group_words(((tokenizer.token_bytes(t), f * sec, (f + 1) * sec, False)
+                        for t, f in zip(ids, frames, strict=True)), audio_s)
 
 
 class Session:
@@ -88,7 +90,7 @@ class Session:
         """Everything decoded (since the last `drain`): text, ids, words, token times."""
         tk = self.owner.tokenizer
         return Transcript(tk.decode(self.token_ids), list(self.token_ids),
-                          words_from_tokens(self.token_ids, self.frames, tk),
+                          words_from_tokens(self.token_ids, self.frames, tk, self.seconds),
                           [f * FRAME_MS / 1000 for f in self.frames],
                           None if self.lp is None else list(self.lp.values),
                           self.detected_language, frames=list(self.frames))
@@ -110,5 +112,5 @@ class Session:
         self._detected = next((tags[t] for t in reversed(ids) if t in tags), self._detected)
         language = self.detected_language
         text = b"".join(tk.token_bytes(t) for t in ids).decode("utf-8", "replace")
-        return Transcript(text, ids, words_from_tokens(ids, frames, tk),
+        return Transcript(text, ids, words_from_tokens(ids, frames, tk, self.seconds),
                           [f * FRAME_MS / 1000 for f in frames], lps, language, frames=frames)

@@ -190,14 +190,15 @@ class Session:
     def _transcript(self, ids: list[int], first: int, strip: bool, lps=None) -> Transcript:
         text = self.tokenizer.decode(ids)
         return Transcript(text.strip() if strip else text, list(ids),
-                          words_from_tokens(ids, self.tokenizer, self.word, first),
+                          words_from_tokens(ids, self.tokenizer, self.word, first, self.seconds),
                           [(first + k) * FRAME_MS / 1000 for k in range(len(ids))], lps)
 
 
-def words_from_tokens(ids: list[int], tokenizer, word_id: int, first: int = 0) -> list[Word]:
-    """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay); `first`:
-    the session index of ids[0]."""
+def words_from_tokens(ids: list[int], tokenizer, word_id: int, first: int = 0,
+                      audio_s: float | None = None) -> list[Word]:
+    """Token k covers real audio [80k, 80k + 80) ms (the prompt absorbs the delay), within the
+    `audio_s` seconds of audio given; `first`: the session index of ids[0]."""
     sec = FRAME_MS / 1000
-    return group_words((tokenizer.token_bytes(t) if not tokenizer.is_special(t) else b"",
-                        (first + k) * sec, (first + k + 1) * sec, t == word_id)
-                       for k, t in enumerate(ids))
+    return group_words(((tokenizer.token_bytes(t) if not tokenizer.is_special(t) else b"",
+                         (first + k) * sec, (first + k + 1) * sec, t == word_id)
+                        for k, t in enumerate(ids)), audio_s)
