@@ -376,11 +376,13 @@ def test_conversation_30_s_both_ways_at_frame_rate(browser, site, models):
     lag = recv - sent
     floor = [lag[i:i + 62].min() for i in range(0, len(lag) - 61, 62)]  # per 5 s
     assert floor[-1] - floor[0] < 0.08 and lag.max() < 3.0, (floor, lag.max())
-    # the server's queue (what it received and had not stepped yet) empties again in every
-    # 5 s and is never 2 s deep: it keeps up, whatever a busy machine does in passing
+    # the server's queue (what it received and had not stepped yet): its floor per 5 s does
+    # not grow by more than a frame (a machine busy for long may keep it a frame behind for a
+    # while; a backlog raises it for good) and it is never 2 s deep: it keeps up
     depth = np.array(site.taps.duplex[n0]["depth"])
     F = models["moshi"].frame_size
-    assert all(depth[i:i + 62].min() == 0 for i in range(0, len(depth) - 61, 62)), depth
+    floors = [int(depth[i:i + 62].min()) for i in range(0, len(depth) - 61, 62)]
+    assert floors[-1] - floors[0] <= F and min(floors) == 0, (floors, depth)
     assert depth.max() < 25 * F, depth
     rec = site.taps.duplex[n0]
     want_audio, want_text = _duplex_reference(models["moshi"], rec["pushed"], seed=11)
