@@ -17,6 +17,7 @@ new kind is one class: its events, `start` if it needs a session, and `step_many
 
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import threading
@@ -132,9 +133,10 @@ def batched_calls(engine, items: list, call: Callable[[list], list], what: str,
         yield b, results
 
 
-class Job:
+class Job(abc.ABC):
     """One client's work for one model. `closed`: the client is gone (dropped at the next
-    tick); `finished`: done or failed (no more events)."""
+    tick); `finished`: done or failed (no more events). A kind is a subclass with its own
+    `step_many` (one that lacks it cannot be made)."""
 
     phase: ClassVar[int] = 1  # kinds step in this order within a tick
 
@@ -150,13 +152,14 @@ class Job:
 
     def start(self) -> None:
         """On the engine thread, once, before the first step (e.g. make the session); an
-        exception fails the job."""
+        exception fails the job. Kinds without a session have nothing to start."""
+        return
 
     @classmethod
+    @abc.abstractmethod
     def step_many(cls, engine, jobs: list) -> bool:
         """One tick of `jobs` (live, all of this kind and one model); False when none of them
         had anything to do."""
-        raise NotImplementedError
 
     def close(self) -> None:
         self.closed = True
