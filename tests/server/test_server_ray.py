@@ -90,6 +90,11 @@ def cluster(tmp_path_factory, vr_dir):
             pytest.skip(f"Ray would listen on {where}, not loopback only (Ray was imported "
                         "before this module set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
         port = _free_port()
+        # Ray Serve gives its proxy 60 s to come up, then kills it: on a busy machine (the load
+        # test: two busy loops beside the suite) that was too little; the bound is START_S
+        import ray.serve._private.api as serve_api
+
+        serve_api.HTTP_PROXY_TIMEOUT = max(serve_api.HTTP_PROXY_TIMEOUT, START_S)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         cfg = tmp / "serve_config.yaml"
         cfg.write_text(yaml.safe_dump(_config(models, port)))
