@@ -75,7 +75,11 @@ def cluster(tmp_path_factory, vr_dir):
     models = {"nm": GOLDEN / "nemotron", "vr": vr_dir, "tts": GOLDEN / "voxtral_tts" / "ckpt",
               "moshi": tiny_kyutai_moshi(tmp / "moshi")}
     env = {CALLBACK_ENV: CALLBACK,  # Ray's processes (the proxy, the replicas) inherit these
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           # Serve's controller kills a proxy not ready within 5 s (then waits on the dead
+           # one): on a busy machine its worker alone takes longer to start
+           "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+           "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     t0 = time.monotonic()
@@ -90,8 +94,8 @@ def cluster(tmp_path_factory, vr_dir):
             pytest.skip(f"Ray would listen on {where}, not loopback only (Ray was imported "
                         "before this module set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
         port = _free_port()
-        # Ray Serve gives its proxy 60 s to come up, then kills it: on a busy machine (the load
-        # test: two busy loops beside the suite) that was too little; the bound is START_S
+        # and `serve.start` waits 60 s for it: on a busy machine (the load test: two busy
+        # loops beside the suite) the bound is START_S
         import ray.serve._private.api as serve_api
 
         serve_api.HTTP_PROXY_TIMEOUT = max(serve_api.HTTP_PROXY_TIMEOUT, START_S)
