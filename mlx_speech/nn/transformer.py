@@ -86,8 +86,10 @@ class Attention(nn.Module):
         return mx.fast.rope(x, self.head_dim, traditional=True, base=self.rope_theta,
                             scale=1.0, offset=offset)
 
-    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        B, L, _ = x.shape
+    def __call__(self, x: mx.array, mask=None, cache=None,
+                 shape: tuple[int, int] | None = None) -> mx.array:
+        """x (B, L, dim) -> (B, L, dim); or rows (B * L, dim) with `shape` (B, L) -> rows."""
+        B, L = x.shape[:2] if shape is None else shape
         q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
         k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -97,7 +99,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.wo(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self.wo(o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1))
 
 
 class FeedForward(nn.Module):
@@ -124,8 +126,28 @@ class Block(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None,
                  ffn_scale: mx.array | None = None) -> mx.array:
-        h = x + self.attention(self.attention_norm(x), mask, cache)
+        """x (B, L, dim) -> (B, L, dim). With dense weights the layer runs on (B * L, dim)
+        rows: a dense matmul of 3-D input adds a flatten and an unflatten node per call
+        (14 a layer), and every node costs host time, compiled steps included. Quantized
+        matmuls take (B, L, dim) as they are. The numbers are the same either way."""
+        B, L, D = x.shape
+        rows = not isinstance(self.attention.wq, nn.QuantizedLinear)
+        if rows:
+            x = x.reshape(B * L, D)
+            if ffn_scale is not None:
+                ffn_scale = _rows(ffn_scale, B, L, D)
+        h = x + self.attention(self.attention_norm(x), mask, cache, (B, L))
         f = self.ffn_norm(h)
         if ffn_scale is not None:
             f = f * ffn_scale
-        return h + self.feed_forward(f)
+        out = h + self.feed_forward(f)
+        return out.reshape(B, L, D) if rows else out
+
+
+def _rows(scale: mx.array, B: int, L: int, D: int) -> mx.array:
+    """A (..., D) scale broadcastable to (B, L, D) as one broadcastable to (B * L, D) rows."""
+    if scale.size == D:
+        return scale.reshape(1, D)
+    if L == 1:
+        return scale.reshape(B, D)
+    return mx.broadcast_to(scale, (B, L, D)).reshape(B * L, D)
