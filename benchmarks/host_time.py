@@ -15,6 +15,14 @@ conformer + 18 transformer layers x 32/16; Moshi: 32 temporal layers x 64 and a 
 6 layers x 32 over 8 codebooks); `wide` the real widths with 2 layers (each family's
 `full-narrow`: nothing may get slower there); `full` the real widths and depths (a GPU's job).
 
+`--gpu-graphs` estimates a GPU's host time on this CPU: on the CPU backend each `mx.fast`
+kernel (rope, rms_norm, layer_norm, scaled_dot_product_attention) is its fallback graph of
+10-30 ops, on Metal and CUDA it is one node, and a compiled step's host time is the replay of
+its nodes. The flag swaps each kernel for a one-node stand-in of the same shape (both sides,
+mlx-audio too; end-of-stream tokens off; attention's stand-in depends on the keys, values and
+mask it would read), so the graphs have about a GPU's node counts. The outputs
+are then meaningless: only the host times count.
+
 Per family one session per side steps one frame per tick (Voxtral: 80 ms through `feed_many`,
 encoder chunk and decoder step; Nemotron: one 160 ms block, encoder and RNN-T rounds;
 Sortformer: one 480 ms chunk; Moshi: one 80 ms frame, temporal step and depformer loop), the
@@ -56,6 +64,23 @@ VOXTRAL = {
 }
 
 
+def gpu_graphs() -> None:
+    """One node per `mx.fast` kernel, as on Metal / CUDA (see the module docstring)."""
+    fast = mx.fast
+    fast.rope = lambda x, *a, **k: x * 1.0
+    fast.rms_norm = lambda x, w, eps: x * 1.0 if w is None else x * w
+    fast.layer_norm = lambda x, w, b, eps: x * 1.0 if w is None else x * w
+
+    def attention(q, k, v, scale, mask=None, **_):  # one node, depending on what the kernel reads
+        deps = [k, v] + ([mask] if isinstance(mask, mx.array) else [])
+        return mx.depends([q * scale], deps)[0]
+
+    fast.scaled_dot_product_attention = attention
+    NO_EOS[0] = True
+
+
+GPU_NOTE = " | gpu graphs (mx.fast kernels as one node each; host times only)"
+NO_EOS = [False]  # --gpu-graphs: random outputs must not end a stream
 DTYPE = [mx.float32]  # --dtype: the weights' type (Voxtral Realtime and Sortformer)
 
 
@@ -156,7 +181,10 @@ def voxtral(config: str, steps: int, warmup: int, peer: bool) -> None:
             sides[name] = feeder(vr, s, vb.TOKEN_SAMPLES, seed=1)
         if peer:
             model = vb.load_peer(folder)
-            ps = model.create_streaming_session(transcription_delay_ms=vb.DELAY_MS)
+            if NO_EOS[0]:
+                model.config.eos_token_id = -1
+            ps = model.create_streaming_session(transcription_delay_ms=vb.DELAY_MS,
+                                                max_tokens=1 << 30)
             audio = ba.stream_audio(600.0, 1)
 
             def peer_tick(t: int) -> None:
@@ -267,7 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip mlx-audio")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="Voxtral Realtime's and Sortformer's weights (the real models: bfloat16)")
+    ap.add_argument("--gpu-graphs", action="store_true",
+                    help="one-node stand-ins for the mx.fast kernels (a GPU's node counts; "
+                         "host times only)")
     args = ap.parse_args(argv)
+    if args.gpu_graphs:
+        gpu_graphs()
     DTYPE[0] = getattr(mx, args.dtype)
     peer = not args.no_peer
     if peer:
@@ -277,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"mlx-audio skipped: {e!r}")
             peer = False
     print(f"host time per step | device {mx.default_device()} | mlx {mx.__version__} | "
-          f"{args.config} {args.dtype} | median of {args.steps} ticks after {args.warmup} warm-up")
+          f"{args.config} {args.dtype}{GPU_NOTE if args.gpu_graphs else ''} | "
+          f"median of {args.steps} ticks after {args.warmup} warm-up")
     for name in args.families.split(","):
         FAMILIES[name](args.config, args.steps, args.warmup, peer)
 
