@@ -19,8 +19,8 @@ conformer + 18 transformer layers x 32/16; Moshi: 32 temporal layers x 64 and a 
 kernel (rope, rms_norm, layer_norm, scaled_dot_product_attention) is its fallback graph of
 10-30 ops, on Metal and CUDA it is one node, and a compiled step's host time is the replay of
 its nodes. The flag swaps each kernel for a one-node stand-in of the same shape (both sides,
-mlx-audio too; end-of-stream tokens off; attention's stand-in depends on the keys, values and
-mask it would read), so the graphs have about a GPU's node counts. The outputs
+mlx-audio too; end-of-stream tokens off; each stand-in depends on what its kernel reads), so
+the graphs have a GPU's node counts. The outputs
 are then meaningless: only the host times count.
 
 Per family one session per side steps one frame per tick (Voxtral: 80 ms through `feed_many`,
@@ -65,17 +65,18 @@ VOXTRAL = {
 
 
 def gpu_graphs() -> None:
-    """One node per `mx.fast` kernel, as on Metal / CUDA (see the module docstring)."""
+    """One node per `mx.fast` kernel, as on Metal / CUDA (see the module docstring): each
+    stand-in is one `Depends` node with the kernel's output shape, on what the kernel reads."""
+
+    def one(x, *reads):
+        return mx.depends([x], [r for r in reads if isinstance(r, mx.array)])[0]
+
     fast = mx.fast
-    fast.rope = lambda x, *a, **k: x * 1.0
-    fast.rms_norm = lambda x, w, eps: x * 1.0 if w is None else x * w
-    fast.layer_norm = lambda x, w, b, eps: x * 1.0 if w is None else x * w
-
-    def attention(q, k, v, scale, mask=None, **_):  # one node, depending on what the kernel reads
-        deps = [k, v] + ([mask] if isinstance(mask, mx.array) else [])
-        return mx.depends([q * scale], deps)[0]
-
-    fast.scaled_dot_product_attention = attention
+    fast.rope = lambda x, *a, offset=0, **k: one(x, offset)
+    fast.rms_norm = lambda x, w, eps: one(x, w)
+    fast.layer_norm = lambda x, w, b, eps: one(x, w, b)
+    fast.scaled_dot_product_attention = (
+        lambda q, k, v, scale, mask=None, **_: one(q, k, v, mask))
     NO_EOS[0] = True
 
 

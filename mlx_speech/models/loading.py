@@ -162,7 +162,7 @@ def load_strict(model, weights: dict[str, mx.array], where, dtype: mx.Dtype | No
     try:
         if quantize is not None:
             quant.quantize(model, quantize, group_size, keep=keep)
-        mx.eval(model.parameters())
+        mx.eval(model.parameters(), quant.transposed_views(model))
     except RuntimeError as e:
         msg = str(e).splitlines()[0]
         raise CheckpointError(f"cannot read weights in {where}: {msg}") from None

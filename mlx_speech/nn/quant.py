@@ -11,6 +11,8 @@ tensors give identical outputs). Each quantized module is `.weight` (uint32, pac
 - `quantize(model, bits, group_size, mode, keep)`: on the fly; `keep(path, module)` is the
   family's keep-in-high-precision rule, and layers whose input width is not a multiple of the
   group stay as they are.
+- `transposed_views(model)`: the full-precision Linears read their weight through a transposed
+  view made once at load (no Transpose node per call).
 """
 
 from __future__ import annotations
@@ -111,6 +113,36 @@ class QuantizedLinear(nn.QuantizedLinear):
         if "bias" in self:
             return mx.addmm(self["bias"].astype(x.dtype), x, w.T)
         return x @ w.T
+
+
+class Linear(nn.Linear):
+    """mlx's Linear (same parameters, same numbers) reading `weight.T` from a view made once
+    (`transposed_views`): mlx's `x @ weight.T` adds a Transpose node to the graph on every
+    call, and each node costs host time, compiled steps included (7 of a transformer layer's
+    ~40 nodes with one-node kernels). The view shares the weight's memory; a weight replaced
+    since (update, load) is read as mlx reads it."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        w = self["weight"]
+        view = self.__dict__.get("_t")
+        wt = view[1] if view is not None and view[0] is w else w.T
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, wt)
+        return x @ wt
+
+
+def transposed_views(model: nn.Module) -> list[mx.array]:
+    """Make every full-precision `nn.Linear` of `model` a `Linear` with its weight's transposed
+    view (a subclass: parameters and state stay as they are); returns the views for the
+    caller's eval (outside any compiled trace)."""
+    out = []
+    for _, m in _leaves(model):
+        if type(m) in (nn.Linear, Linear):
+            m.__class__ = Linear
+            w = m["weight"]
+            object.__setattr__(m, "_t", (w, w.T))  # not a parameter: outside the module dict
+            out.append(m._t[1])
+    return out
 
 
 def _use_dense_batches(model: nn.Module) -> None:

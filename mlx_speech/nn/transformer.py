@@ -90,16 +90,25 @@ class Attention(nn.Module):
                  shape: tuple[int, int] | None = None) -> mx.array:
         """x (B, L, dim) -> (B, L, dim); or rows (B * L, dim) with `shape` (B, L) -> rows."""
         B, L = x.shape[:2] if shape is None else shape
-        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = (self._heads(w(x), B, L, n) for w, n in (
+            (self.wq, self.n_heads), (self.wk, self.n_kv_heads), (self.wv, self.n_kv_heads)))
         if self.rope_theta is not None:
             offset = 0 if cache is None else cache.rope_offset
             q, k = self.rope(q, offset), self.rope(k, offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.wo(o.transpose(0, 2, 1, 3).reshape(*x.shape[:-1], -1))
+        if L > 1:
+            o = o.transpose(0, 2, 1, 3)
+        return self.wo(o.reshape(*x.shape[:-1], -1))
+
+    @staticmethod
+    def _heads(y: mx.array, B: int, L: int, n: int) -> mx.array:
+        """(..., n * head_dim) -> (B, n, L, head_dim); one position is one reshape (the same
+        memory order), which is one graph node fewer than reshape + transpose."""
+        if L == 1:
+            return y.reshape(B, n, 1, -1)
+        return y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
 
 
 class FeedForward(nn.Module):
@@ -125,27 +134,32 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(dim, eps=eps)
 
     def __call__(self, x: mx.array, mask=None, cache=None,
-                 ffn_scale: mx.array | None = None) -> mx.array:
-        """x (B, L, dim) -> (B, L, dim). With dense weights the layer runs on (B * L, dim)
-        rows: a dense matmul of 3-D input adds a flatten and an unflatten node per call
-        (14 a layer), and every node costs host time, compiled steps included. Quantized
-        matmuls take (B, L, dim) as they are. The numbers are the same either way."""
-        B, L, D = x.shape
-        rows = not isinstance(self.attention.wq, nn.QuantizedLinear)
+                 ffn_scale: mx.array | None = None,
+                 shape: tuple[int, int] | None = None) -> mx.array:
+        """x (B, L, dim) -> (B, L, dim); or rows (B * L, dim) with `shape` (B, L) -> rows (a
+        stack of layers reshapes once, not per layer). With dense weights a (B, L, dim) input
+        runs as rows too: a dense matmul of 3-D input adds a flatten and an unflatten node per
+        call (14 a layer), and every node costs host time, compiled steps included. Quantized
+        matmuls take (B, L, dim) as it is. The numbers are the same either way."""
+        rows = shape is None and not isinstance(self.attention.wq, nn.QuantizedLinear)
         if rows:
-            x = x.reshape(B * L, D)
-            if ffn_scale is not None:
-                ffn_scale = _rows(ffn_scale, B, L, D)
-        h = x + self.attention(self.attention_norm(x), mask, cache, (B, L))
+            B, L, D = x.shape
+            shape, x = (B, L), x.reshape(B * L, D)
+        if ffn_scale is not None and shape is not None:
+            ffn_scale = _rows(ffn_scale, *shape, x.shape[-1])
+        h = x + self.attention(self.attention_norm(x), mask, cache, shape)
         f = self.ffn_norm(h)
         if ffn_scale is not None:
             f = f * ffn_scale
         out = h + self.feed_forward(f)
-        return out.reshape(B, L, D) if rows else out
+        return out.reshape(*shape, -1) if rows else out
 
 
 def _rows(scale: mx.array, B: int, L: int, D: int) -> mx.array:
-    """A (..., D) scale broadcastable to (B, L, D) as one broadcastable to (B * L, D) rows."""
+    """A scale broadcastable to (B, L, D) as one broadcastable to (B * L, D) rows (2-D scales
+    are taken as rows already: (1, D) or (B * L, D))."""
+    if scale.ndim == 2:
+        return scale
     if scale.size == D:
         return scale.reshape(1, D)
     if L == 1:

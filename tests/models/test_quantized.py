@@ -235,7 +235,7 @@ def test_voxtral_tts_mlx_community_layout_matches_mlx_audio(name, tts_gold, tmp_
     m = tts.model
     assert isinstance(m.tok_embeddings, nn.QuantizedEmbedding)
     assert type(m.audio_codebook_embeddings.embeddings) is nn.Embedding
-    assert type(m.acoustic_transformer.input_projection) is nn.Linear  # width 4: kept
+    assert isinstance(m.acoustic_transformer.input_projection, nn.Linear)  # width 4: kept
     voice, text = str(tts_gold["voice"]), str(tts_gold["text"])
     ids = tts.prompt_ids(text, 5)
     assert ids == tts_gold["ids"].tolist()
@@ -364,10 +364,10 @@ def test_personaplex_mlx_layout_equals_its_dequantized_weights(bits, first, tmp_
     flat = isinstance(at.self_attn.in_projs[0], nn.QuantizedLinear)  # flat in_proj_*
     assert flat == (not first)
     assert isinstance(at.self_attn.out_projs[0], nn.QuantizedLinear)
-    assert type(at.gating.linear_out) is nn.Linear  # width 176: not quantized in the file
+    assert isinstance(at.gating.linear_out, nn.Linear)  # width 176: not quantized in the file
     dep = d.lm.depformer.layers[0].self_attn.in_projs[15]
     assert isinstance(dep, nn.QuantizedLinear) == (not first)
-    assert type(d.lm.text_emb) is nn.Embedding and type(d.lm.linears[0]) is nn.Linear
+    assert type(d.lm.text_emb) is nn.Embedding and isinstance(d.lm.linears[0], nn.Linear)
     r = mlx_speech.load(ref)
     rng = np.random.default_rng(2)
     text, audio = rng.integers(0, 50, 6).tolist(), rng.integers(0, 64, (16, 6)).tolist()

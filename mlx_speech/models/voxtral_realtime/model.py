@@ -95,9 +95,11 @@ class WhisperEncoder(nn.Module):
         if state is not None:
             reanchor(state.kv, L, c.max_position, c.head_dim, c.rope_theta)
         mask = _mask(L, c.sliding_window, kv[0])
+        B, _, D = x.shape
+        x = x.reshape(B * L, D)  # the layers run on rows (nn.transformer.Block)
         for layer, cache in zip(self.transformer.layers, kv, strict=True):
-            x = layer(x, mask, cache)
-        return self.transformer.norm(x)
+            x = layer(x, mask, cache, shape=(B, L))
+        return self.transformer.norm(x).reshape(B, L, D)
 
 
 def time_embedding(n_delay: int, dim: int) -> mx.array:
@@ -176,9 +178,11 @@ class Model(nn.Module):
         else:
             caches = [None] * d.n_layers
         mask = _mask(L, d.sliding_window, caches[0])
+        B, _, D = h.shape
+        h = h.reshape(B * L, D)  # the layers run on rows (nn.transformer.Block)
         for layer, cache, s in zip(self.layers, caches, ffn_scales, strict=True):
-            h = layer(h, mask, cache, s)
-        return self.norm(h)
+            h = layer(h, mask, cache, s, shape=(B, L))
+        return self.norm(h).reshape(B, L, D)
 
     def logits(self, h: mx.array) -> mx.array:
         return self.tok_embeddings.as_linear(h)  # tied head
