@@ -11,6 +11,7 @@ import numpy as np
 
 from ...audio.clip import Audio
 from ...errors import CheckpointError, MlxSpeechError
+from ...nn.compiled import CompiledStep
 from ...text.tekken import Tekken
 from ..base import parameter_bytes
 from ..loading import (
@@ -23,7 +24,7 @@ from ..loading import (
 from .config import VoxtralTTSConfig
 from .model import Model
 from .session import MAX_FRAMES, PAUSE_S, Session, default_max_frames, step_many
-from .step import frame_codes
+from .step import frame_codes, frame_step
 from .text import CLAUSE_WORDS, SEGMENT_CHARS, normalize, split_sentences
 from .voices import DEFAULT_VOICE, Voices
 from .weights import check_keys, remap
@@ -77,10 +78,17 @@ class VoxtralTTS:
         # passed as inputs, so later weight updates are seen.
         self.decode_frame = (mx.compile(model.decode_frame, inputs=model.state) if compile
                              else model.decode_frame)
+        # the whole batched frame (backbone step, flow head), compiled per shape at the fixed
+        # shapes (nn.compiled: on by default where they are, MLX_SPEECH_COMPILE switches it)
+        self.frame = CompiledStep(self._frame, "voxtral_tts.frame")
         t = tokenizer
         self.ids = {name: t.special_id(tok) for name, tok in (
             ("bos", "<s>"), ("audio", "[AUDIO]"), ("begin_audio", "[BEGIN_AUDIO]"),
             ("next_text", "[NEXT_AUDIO_TEXT]"), ("repeat_text", "[REPEAT_AUDIO_TEXT]"))}
+
+    def _frame(self, *args):
+        """`step.frame_step` with this model's (compiled) flow head, read at each call."""
+        return frame_step(self.model, self.decode_frame, *args)
 
     @property
     def sample_rate(self) -> int:

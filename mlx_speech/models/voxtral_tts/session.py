@@ -193,7 +193,7 @@ def step_many(owner: VoxtralTTS, sessions: list[Session]) -> list[Audio | None]:
     model = owner.model
     audio_step = owner.ids["audio"] if owner.first_frame == "audio_step" else None
     start_tracks(model, [s.track for s in live if s.track.home is None], audio_step)
-    codes = step_tracks(model, [s.track for s in live], owner.decode_frame)
+    codes = step_tracks(model, [s.track for s in live], owner.decode_frame, owner.frame)
     due, final = [], []
     for s, c in zip(live, codes, strict=True):
         if c is not None:

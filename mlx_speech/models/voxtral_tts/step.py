@@ -249,18 +249,22 @@ def start_tracks(model: Model, tracks: list[Track], audio_step_id: int | None = 
         Batch(h, keys, kv, g)
 
 
-def step_tracks(model: Model, tracks: list[Track],
-                decode: Callable | None = None) -> list[np.ndarray | None]:
+def step_tracks(model: Model, tracks: list[Track], decode: Callable | None = None,
+                frame: Callable | None = None) -> list[np.ndarray | None]:
     """Queue the next frame of every live track (one batched forward), then read the frame
     each track queued the call before: its (n_codebooks,) int32 codes, or None (nothing was
-    queued, or it was END: the track is then `done`). Tracks must be started."""
+    queued, or it was END: the track is then `done`). Tracks must be started.
+
+    `frame(key, ...)`: `frame_step`'s arguments after `decode`, compiled per shape key
+    (`nn.compiled.CompiledStep`); used at the fixed shapes, where a stream's frames share a
+    few shapes (on the CPU's shapes attention's length changes every frame)."""
     decode = decode or model.decode_frame
     prev = [t.unread for t in tracks]
     going = [t for t in tracks if t.live]
     for t in tracks:
         t.unread = None
     if going:
-        _queue(model, going, decode)
+        _queue(model, going, decode, frame if fixed_shapes() else None)
     out: list[np.ndarray | None] = [None] * len(tracks)
     read: dict[int, np.ndarray] = {}
     for k, (t, u) in enumerate(zip(tracks, prev, strict=True)):
@@ -280,7 +284,8 @@ def step_tracks(model: Model, tracks: list[Track],
     return out
 
 
-def _queue(model: Model, going: list[Track], decode: Callable) -> None:
+def _queue(model: Model, going: list[Track], decode: Callable,
+           frame: Callable | None = None) -> None:
     n, size = len(going), padded(len(going))
     pos = [t.pos for t in going]
     pos += [pos[0]] * (size - n)
@@ -295,9 +300,13 @@ def _queue(model: Model, going: list[Track], decode: Callable) -> None:
         noise = mx.stack(rows + [rows[0]] * (size - n))
         given = mx.array([t.noise is not None for t in going]
                          + [going[0].noise is not None] * (size - n))
-    codes, h, keys, kv = frame_step(model, decode, going[0].t_table, h, keys,
-                                    mx.array(pos, mx.int32), kv, noise, given, attend,
-                                    _frame_mask(pos, attend or n_slots))
+    args = (going[0].t_table, h, keys, mx.array(pos, mx.int32), kv, noise, given, attend,
+            _frame_mask(pos, attend or n_slots))
+    if frame is None:
+        codes, h, keys, kv = frame_step(model, decode, *args)
+    else:
+        key = (size, n_slots, h.dtype, noise is None, attend, args[-1])
+        codes, h, keys, kv = frame(key, *args)
     home = going[0].home  # dropped below: its arrays can be donated to this step
     b = Batch(h, keys, kv, going)
     for t in going:

@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 from mlx_speech.errors import MlxSpeechError
 from mlx_speech.models.voxtral_tts import step as st
 from mlx_speech.nn import cache as nn_cache
+from mlx_speech.nn import compiled
 from tests.support.voxtral import TTS_TEXTS as TEXTS
 from tests.support.voxtral import TTS_VOICES as VOICES
 from tests.support.voxtral import joined, spoken_alone
@@ -157,6 +158,37 @@ def test_frame_step_compiles_per_shape(tts):
     mx.eval(a, b)
     for x, y in zip(tree_flatten(a), tree_flatten(b), strict=True):
         assert mx.array_equal(x[1], y[1])
+
+
+def test_compiled_frames_equal_plain(tts, monkeypatch, kernels):
+    """At the fixed shapes the batched frame runs compiled per shape (`VoxtralTTS.frame`):
+    sessions joining at different frames get exactly the audio of plain frames alone
+    (MLX_SPEECH_COMPILE=0)."""
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", True)
+    monkeypatch.setenv(compiled.ENV, "1")
+    compiled.reset()
+    starts = [0, 0, 2, 5]
+    sessions, out, tick = {}, {k: [] for k in range(len(starts))}, 0
+    while tick < 400:
+        for k, t0 in enumerate(starts):
+            if t0 == tick:
+                text, kw = _session(tts, k)
+                sessions[k] = tts.session(**kw)
+                sessions[k].feed(text)
+                sessions[k].finish()
+        live = {k: s for k, s in sessions.items() if not s.done}
+        if not live and tick > max(starts):
+            break
+        for k, a in zip(live, tts.step_many(list(live.values())), strict=True):
+            out[k].append(a)
+        tick += 1
+    assert tts.frame.traced  # the compiled frames ran
+    kernels.strict = False
+    monkeypatch.setenv(compiled.ENV, "0")
+    for k in range(len(starts)):
+        text, kw = _session(tts, k)
+        ref = spoken_alone(tts, text, **kw)
+        assert len(ref) and np.array_equal(joined(out[k]), ref), k
 
 
 def test_session_errors(tts):
