@@ -120,12 +120,16 @@ class Linear(nn.Linear):
     (`transposed_views`): mlx's `x @ weight.T` adds a Transpose node to the graph on every
     call, and each node costs host time, compiled steps included (7 of a transformer layer's
     ~40 nodes with one-node kernels). The view shares the weight's memory; a weight replaced
-    since (update, load) is read as mlx reads it."""
+    since (update, load) is read as mlx reads it, and the stale view is dropped (it would keep
+    the old weight alive)."""
 
     def __call__(self, x: mx.array) -> mx.array:
         w = self["weight"]
         view = self.__dict__.get("_t")
-        wt = view[1] if view is not None and view[0] is w else w.T
+        if view is not None and view[0] is not w:
+            del self.__dict__["_t"]
+            view = None
+        wt = w.T if view is None else view[1]
         if "bias" in self:
             return mx.addmm(self["bias"], x, wt)
         return x @ wt

@@ -115,10 +115,12 @@ def test_transposed_views_drop_the_weight_transpose_and_keep_the_numbers(tmp_pat
     kinds = node_kinds(tmp_path, m(x))
     assert "Transpose" not in kinds
     np.testing.assert_array_equal(np.array(m(x)), want)
-    # a weight replaced since is read as mlx reads it (the view is of the old one)
+    # a weight replaced since is read as mlx reads it, and the stale view (of the old weight,
+    # which it would keep alive) is dropped
     new = mx.random.normal((24, 16))
     m.layers[0].update({"weight": new})
     got = np.array(m.layers[0](x))
+    assert "_t" not in m.layers[0].__dict__ and "_t" in m.layers[1].__dict__
     ref = np.array(x @ new.T + (m.layers[0].bias if bias else 0))
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     assert "Transpose" in node_kinds(tmp_path, m.layers[0](x))
