@@ -90,7 +90,7 @@ class Attention(nn.Module):
                  shape: tuple[int, int] | None = None) -> mx.array:
         """x (B, L, dim) -> (B, L, dim); or rows (B * L, dim) with `shape` (B, L) -> rows."""
         B, L = x.shape[:2] if shape is None else shape
-        q, k, v = (self._heads(w(x), B, L, n) for w, n in (
+        q, k, v = (heads(w(x), B, L, n) for w, n in (
             (self.wq, self.n_heads), (self.wk, self.n_kv_heads), (self.wv, self.n_kv_heads)))
         if self.rope_theta is not None:
             offset = 0 if cache is None else cache.rope_offset
@@ -102,13 +102,13 @@ class Attention(nn.Module):
             o = o.transpose(0, 2, 1, 3)
         return self.wo(o.reshape(*x.shape[:-1], -1))
 
-    @staticmethod
-    def _heads(y: mx.array, B: int, L: int, n: int) -> mx.array:
-        """(..., n * head_dim) -> (B, n, L, head_dim); one position is one reshape (the same
-        memory order), which is one graph node fewer than reshape + transpose."""
-        if L == 1:
-            return y.reshape(B, n, 1, -1)
-        return y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
+
+def heads(y: mx.array, B: int, L: int, n: int) -> mx.array:
+    """A projection (..., n * head_dim) of B x L positions -> (B, n, L, head_dim). One position
+    is one reshape (the same memory order): one graph node fewer than reshape + transpose."""
+    if L == 1:
+        return y.reshape(B, n, 1, -1)
+    return y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
 
 
 class FeedForward(nn.Module):

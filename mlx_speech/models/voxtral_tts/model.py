@@ -22,7 +22,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.transformer import Block, KVCache
+from ...nn.transformer import Block, KVCache, heads
 from .codec import Codec
 from .config import N_SPECIAL, AcousticConfig, VoxtralTTSConfig
 
@@ -40,18 +40,13 @@ def inv_freq_formula(dim: int) -> mx.array:
     return mx.exp(-math.log(10000.0) * mx.arange(half, dtype=mx.float32) / half)
 
 
-def _heads(x: mx.array, n: int) -> mx.array:
-    """(N, n * hd) -> (N, n, 1, hd)."""
-    return x.reshape(x.shape[0], 1, n, -1).transpose(0, 2, 1, 3)
-
-
 def _first_token_block(layer: Block, seq: mx.array) -> mx.array:
     """`layer(seq)[:, 0]` computing only what token 0 needs (keys/values of all tokens)."""
     at, B, L = layer.attention, seq.shape[0], seq.shape[1]
     x = layer.attention_norm(seq)
-    q = at.wq(x[:, :1]).reshape(B, 1, at.n_heads, -1).transpose(0, 2, 1, 3)
-    k = at.wk(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    v = at.wv(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    q = heads(at.wq(x[:, :1]), B, 1, at.n_heads)
+    k = heads(at.wk(x), B, L, at.n_kv_heads)
+    v = heads(at.wv(x), B, L, at.n_kv_heads)
     o = mx.fast.scaled_dot_product_attention(q, k, v, scale=at.scale)
     h = seq[:, 0] + at.wo(o.reshape(B, -1))
     return h + layer.feed_forward(layer.ffn_norm(h))
@@ -96,8 +91,9 @@ class FlowHead(nn.Module):
         """The first layer's queries, keys and values of tokens x (N, dim): (N, heads, 1, hd)."""
         layer = self.layers[0]
         at, n = layer.attention, layer.attention_norm(x)
-        return (_heads(at.wq(n), at.n_heads), _heads(at.wk(n), at.n_kv_heads),
-                _heads(at.wv(n), at.n_kv_heads))
+        N = x.shape[0]
+        return (heads(at.wq(n), N, 1, at.n_heads), heads(at.wk(n), N, 1, at.n_kv_heads),
+                heads(at.wv(n), N, 1, at.n_kv_heads))
 
     def velocity(self, x: mx.array, t: mx.array, t_qkv: tuple, c: mx.array,
                  c_qkv: tuple) -> mx.array:
