@@ -1,7 +1,8 @@
 """mlx_speech doctor: one screen about this machine, to read first and paste into a bug report.
 
-    mlx_speech doctor            # MLX and its backend, Python, the models in the Hugging Face
-                                 # cache, free disk, the hub, audio devices, VAD, extras
+    mlx_speech doctor            # MLX and its backend, its CPU matmul speed, Python, the
+                                 # models in the Hugging Face cache, free disk, the hub, audio
+                                 # devices, VAD, extras
     mlx_speech doctor --offline  # no network request (HF_HUB_OFFLINE=1 does the same)
     mlx_speech doctor --json     # the same rows as JSON
 
@@ -109,6 +110,76 @@ def mlx_row() -> Row:
     if backend == "CPU":
         detail += " (no GPU backend: models run slowly)"
     return ("mlx", OK if backend != "CPU" else WARN, detail)
+
+
+BLAS_OK_GFLOPS = 20.0  # below this, MLX's CPU matmuls run on a reference BLAS
+OPENBLAS_PATHS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+                  "/usr/lib/aarch64-linux-gnu/libopenblas.so.0", "/usr/lib64/libopenblas.so.0",
+                  "/usr/lib/libopenblas.so.0")
+
+
+def cpu_matmul_gflops(n: int = 256, rounds: int = 3) -> float:
+    """The best of `rounds` float32 (n x n) @ (n x n) products on MLX's CPU stream, in GFLOP/s
+    (about 10 ms at the reference BLAS's speed)."""
+    import time
+
+    import mlx.core as mx
+
+    with mx.stream(mx.cpu):
+        a = mx.random.normal((n, n), key=mx.random.key(0))
+        b = mx.random.normal((n, n), key=mx.random.key(1))
+        mx.eval(a, b, a @ b)
+        best = float("inf")
+        for _ in range(rounds):
+            t = time.perf_counter()
+            mx.eval(a @ b)
+            best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def loaded_blas(maps: str | None = None) -> list[str]:
+    """The BLAS libraries this process has mapped (Linux: /proc/self/maps), by file name."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
+    names = {Path(line.split()[-1]).name for line in maps.splitlines()
+             if len(line.split()) >= 6 and "blas" in line.split()[-1].lower()}
+    return sorted(names)
+
+
+def cpu_blas(gflops: float | None = None, libs: list[str] | None = None) -> str:
+    """One line on MLX's CPU matmuls (the doctor's row, and the benchmarks' headers: on the CPU
+    their ratios depend on it)."""
+    gflops = cpu_matmul_gflops() if gflops is None else gflops
+    libs = loaded_blas() if libs is None else libs
+    return (f"float32 matmul {gflops:.1f} GFLOP/s on MLX's CPU stream"
+            + (f" ({', '.join(libs)})" if libs else ""))
+
+
+def blas_row(gflops: float | None = None, libs: list[str] | None = None,
+             system: str | None = None, found: str | None = None) -> Row:
+    """How fast MLX multiplies matrices on the CPU. Linux wheels of mlx[cpu] bundle the
+    reference BLAS (a few GFLOP/s: tens of times below an optimized one), which bounds every
+    model run on the CPU, batched or not; preloading OpenBLAS replaces it for the whole
+    process (MLX calls the standard BLAS symbols)."""
+    system = system or platform.system()
+    try:
+        gflops = cpu_matmul_gflops() if gflops is None else gflops
+    except Exception as e:  # no backend at all: the mlx row says why
+        return ("cpu blas", NA, f"could not multiply on the CPU ({type(e).__name__})")
+    detail = cpu_blas(gflops, libs)
+    if gflops >= BLAS_OK_GFLOPS or system != "Linux":
+        return ("cpu blas", OK, detail)
+    if found is None:
+        found = next((p for p in OPENBLAS_PATHS if Path(p).exists()), "")
+    fix = (f"run with LD_PRELOAD={found}" if found else
+           "install OpenBLAS (Debian/Ubuntu: apt install libopenblas0-pthread) and run with "
+           "LD_PRELOAD=<its libopenblas.so.0>")
+    return ("cpu blas", WARN, f"{detail}: a reference BLAS, so CPU runs are slow; {fix} "
+            "(MLX then multiplies with OpenBLAS, tens of times faster; OPENBLAS_NUM_THREADS "
+            "sets its threads)")
 
 
 def _cache_dir() -> Path:
@@ -291,7 +362,7 @@ def _installed(dist: str) -> bool:
 
 
 def collect(offline: bool = False) -> tuple[list[Row], dict]:
-    rows: list[Row] = [python_row(), *conflict_rows(), mlx_row()]
+    rows: list[Row] = [python_row(), *conflict_rows(), mlx_row(), blas_row()]
     cache, models = cache_rows()
     rows += cache
     rows.append(hub_row(offline))

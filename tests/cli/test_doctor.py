@@ -36,7 +36,7 @@ def test_offline_screen(tmp_path):
     r, seconds = doctor("--offline", env=_cache(tmp_path))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
-    for name in ("mlx_speech", "mlx", "model", "acme/tiny-voxtral", "free", "hub", "vad",
+    for name in ("mlx_speech", "mlx", "cpu", "model", "acme/tiny-voxtral", "free", "hub", "vad",
                  "extras"):
         assert name in rows, r.stdout
     assert "Python " in rows["mlx_speech"]
@@ -107,3 +107,28 @@ def test_a_nemo_release_in_the_cache_is_read_as_load_reads_it(tmp_path):
     r, _ = doctor("--offline", env={"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)})
     row = next(line for line in r.stdout.splitlines() if "diar_streaming" in line)
     assert "(sortformer, diarizer)" in row, r.stdout
+
+
+def test_cpu_blas_row_names_a_reference_blas_and_the_fix():
+    from mlx_speech import doctor as d
+
+    slow = d.blas_row(gflops=2.8, libs=["libblas-bd8a282c.so.3.10.0"], system="Linux",
+                      found="/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+    assert slow[:2] == ("cpu blas", d.WARN)
+    assert "2.8 GFLOP/s" in slow[2] and "libblas-bd8a282c" in slow[2]
+    assert "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0" in slow[2]
+    missing = d.blas_row(gflops=2.8, libs=[], system="Linux", found="")
+    assert "apt install libopenblas0-pthread" in missing[2]
+    assert d.blas_row(gflops=90.0, libs=["libopenblas.so.0"], system="Linux")[1] == d.OK
+    assert d.blas_row(gflops=2.8, libs=[], system="Darwin")[1] == d.OK  # Accelerate's own
+
+
+def test_cpu_matmul_speed_is_measured_and_blas_libraries_read_from_the_maps():
+    from mlx_speech import doctor as d
+
+    assert d.cpu_matmul_gflops(n=64, rounds=1) > 0
+    maps = ("7f00-7f01 r-xp 00000000 08:01 12 /x/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0\n"
+            "7f02-7f03 r-xp 00000000 08:01 13 /usr/lib/libopenblasp-r0.3.21.so\n"
+            "7f04-7f05 rw-p 00000000 00:00 0\n"
+            "7f06-7f07 r-xp 00000000 08:01 14 /usr/lib/libc.so.6\n")
+    assert d.loaded_blas(maps) == ["libblas-bd8a282c.so.3.10.0", "libopenblasp-r0.3.21.so"]
