@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import batched_asr as ba  # noqa: E402
 import voxtral_realtime as vb  # noqa: E402
+from machine import cpu_blas  # noqa: E402
 
 VOXTRAL = {
     "deep": {"enc": dict(dim=64, n_layers=32, n_heads=4, head_dim=16, hidden_dim=256,
@@ -313,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"host time per step | device {mx.default_device()} | mlx {mx.__version__} | "
           f"{args.config} {args.dtype}{GPU_NOTE if args.gpu_graphs else ''} | "
           f"median of {args.steps} ticks after {args.warmup} warm-up")
+    print(f"CPU BLAS: {cpu_blas()}")
     for name in args.families.split(","):
         FAMILIES[name](args.config, args.steps, args.warmup, peer)
 

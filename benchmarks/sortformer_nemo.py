@@ -8,10 +8,15 @@ Both sides load the same `.nemo` archive (tests/golden/sortformer/tiny.nemo: NeM
 streaming setup) and diarize the same clip (tests/data/voices_3spk.wav, repeated to
 `--seconds`) as a stream: NeMo with `streaming_mode=True` (`forward_streaming`: mel, then one
 `forward_streaming_step` per chunk), ours with one session fed the whole clip, then finished.
-Each round times one clip on each side (a NeMo process and this one, taking turns), torch with
-one thread and MLX on its CPU stream. Prints the median ms per streaming step (the clip's steps
-are the same on both sides) and the ratio ours / NeMo. Numbers only; no assertions. Needs NeMo
+Each round times one clip on each side (a NeMo process and this one, taking turns; ours plain
+and with its compiled step, `MLX_SPEECH_COMPILE`), torch with one thread and MLX on its CPU
+stream. Prints the median ms per streaming step (the clip's steps are the same on both sides)
+and the ratios ours / NeMo. Numbers only; no assertions. Needs NeMo
 (`pip install torch==2.13.0 "nemo-toolkit[asr]==3.0.0"`) in the interpreter given.
+
+On the CPU both sides are bound by their matrix products: the header's `CPU BLAS` line is MLX's
+(`mlx_speech doctor`); torch brings its own. Linux wheels of mlx[cpu] bundle the reference BLAS;
+`LD_PRELOAD` of OpenBLAS (docs/doctor.md) replaces it (torch keeps its own, built in).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine import cpu_blas  # noqa: E402
+
 NEMO = ROOT / "tests" / "golden" / "sortformer" / "tiny.nemo"
 CLIP = ROOT / "tests" / "data" / "voices_3spk.wav"
 
@@ -82,7 +91,8 @@ def main() -> None:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     model = mlx_speech.load(str(NEMO))
 
-    def ours() -> tuple[float, int]:
+    def ours(compiled: bool) -> tuple[float, int]:
+        os.environ["MLX_SPEECH_COMPILE"] = "1" if compiled else "0"
         t = time.perf_counter()
         s = model.session()
         got = model.feed_many([(s, wav)])[0]
@@ -98,21 +108,26 @@ def main() -> None:
                 raise SystemExit("the NeMo process ended; run it alone to see why")
         return json.loads(line.split(" ", 1)[1])
 
-    ours(), theirs()  # warm both
-    mine, nemo = [], []
+    ours(False), ours(True), ours(True), theirs()  # warm all (compiled: traced at its shapes)
+    mine, fast, nemo = [], [], []
     for _ in range(args.rounds):
-        mine.append(ours())
+        mine.append(ours(False))
+        fast.append(ours(True))
         nemo.append(theirs())
+    os.environ.pop("MLX_SPEECH_COMPILE", None)
     peer.stdin.close()
     peer.wait()
     steps = nemo[0]["steps"]
     ours_ms = statistics.median(m for m, _ in mine) / steps
+    fast_ms = statistics.median(m for m, _ in fast) / steps
     nemo_ms = statistics.median(r["ms"] for r in nemo) / steps
     print(f"sortformer_nemo: {args.seconds:g} s clip, {steps} streaming steps; frames "
           f"ours {mine[0][1]}, NeMo {nemo[0]['frames']}; mlx {mx.__version__} "
           f"{mx.default_device()}, torch 1 thread; medians of {args.rounds} rounds")
-    print(f"ms per streaming step: ours {ours_ms:.2f}, NeMo {nemo_ms:.2f}, "
-          f"ratio ours/NeMo {ours_ms / nemo_ms:.2f}")
+    print(f"CPU BLAS: {cpu_blas()}")
+    print(f"ms per streaming step: ours {ours_ms:.2f} (compiled {fast_ms:.2f}), NeMo "
+          f"{nemo_ms:.2f}; ratio ours/NeMo {ours_ms / nemo_ms:.2f} (compiled "
+          f"{fast_ms / nemo_ms:.2f})")
 
 
 if __name__ == "__main__":

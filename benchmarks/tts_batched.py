@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.tekken import write_tekken  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from machine import cpu_blas  # noqa: E402
 from voxtral_tts import CONFIGS as PEER_CONFIGS  # noqa: E402  (tiny, mid: same as there)
 from voxtral_tts import N_SPECIAL  # noqa: E402
 
@@ -199,6 +200,7 @@ def main() -> None:
     med = {B: [statistics.median(r[k] for r in rs) for k in range(6)] for B, rs in got.items()}
     print(f"tts_batched --config {args.config} --dtype {dtype}  mlx {mx.__version__} "
           f"{mx.default_device()}  steps {args.steps}  rounds {args.rounds} (medians)")
+    print(f"CPU BLAS: {cpu_blas()}")
     print("per step_many call, every voice making one frame; ratio = to B = 1 (stepped one by "
           "one it would be B)")
     print(f"{'B':>3} | {'with codec: wall ms':>19}{'ratio':>7}{'cpu ms':>8}{'ratio':>7} | "
