@@ -153,3 +153,26 @@ def test_causal_conv_streaming_equals_offline(stride, sizes):
         outs.append(conv(x[:, t:t + n], cache))
         t += n
     np.testing.assert_allclose(np.array(mx.concatenate(outs, 1)), np.array(ref), atol=1e-6)
+
+
+@pytest.mark.parametrize("B,T,I,O,K,stride", [
+    (2, 7, 5, 3, 4, 2),  # K a multiple of the stride (the codecs' upsamplers)
+    (1, 9, 4, 6, 5, 2),  # K not a multiple: zero taps pad it
+    (3, 1, 4, 4, 3, 3),  # one input frame
+    (2, 6, 3, 2, 2, 4),  # K below the stride: gaps of zeros
+    (1, 5, 8, 8, 1, 1),  # a 1-tap, stride-1 conv
+])
+def test_conv_transpose_equals_mlx_transposed_convolution(B, T, I, O, K, stride):
+    from mlx_speech.nn.conv import conv_transpose
+
+    x = mx.random.normal((B, T, I), key=mx.random.key(1))
+    w = mx.random.normal((O, K, I), key=mx.random.key(2))
+    ref = mx.conv_transpose1d(x, w, stride=stride)
+    got = conv_transpose(x, w, stride)
+    assert got.shape == ref.shape == (B, (T - 1) * stride + K, O)
+    np.testing.assert_allclose(np.array(got), np.array(ref), atol=1e-5, rtol=1e-5)
+    # grouped (Mimi's depthwise upsampler) goes to MLX's own convolution
+    wg = mx.random.normal((4, K, 1), key=mx.random.key(3))
+    xg = mx.random.normal((B, T, 4), key=mx.random.key(4))
+    assert mx.array_equal(conv_transpose(xg, wg, stride, groups=4),
+                          mx.conv_transpose1d(xg, wg, stride=stride, groups=4))

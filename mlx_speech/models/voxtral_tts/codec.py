@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
+from ...nn.conv import conv_transpose
 from ...nn.transformer import FeedForward
 from .config import N_SPECIAL, CodecConfig
 
@@ -107,7 +108,7 @@ class CausalConvTranspose(nn.Module):
                 x, p, lambda x: mx.pad(x, [(0, 0), (p, 0), (0, 0)]))
         else:
             p = 0
-        y = mx.conv_transpose1d(x, self.weight, stride=s)
+        y = conv_transpose(x, self.weight, s)
         return y[:, p * s : (p + T) * s]
 
 
