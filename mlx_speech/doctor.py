@@ -144,18 +144,8 @@ def loaded_blas(maps: str | None = None) -> list[str]:
             maps = Path("/proc/self/maps").read_text()
         except OSError:
             return []
-    names = {Path(line.split()[-1]).name for line in maps.splitlines()
-             if len(line.split()) >= 6 and "blas" in line.split()[-1].lower()}
-    return sorted(names)
-
-
-def cpu_blas(gflops: float | None = None, libs: list[str] | None = None) -> str:
-    """One line on MLX's CPU matmuls (the doctor's row, and the benchmarks' headers: on the CPU
-    their ratios depend on it)."""
-    gflops = cpu_matmul_gflops() if gflops is None else gflops
-    libs = loaded_blas() if libs is None else libs
-    return (f"float32 matmul {gflops:.1f} GFLOP/s on MLX's CPU stream"
-            + (f" ({', '.join(libs)})" if libs else ""))
+    paths = [fields[5] for fields in map(str.split, maps.splitlines()) if len(fields) >= 6]
+    return sorted({Path(p).name for p in paths if "blas" in Path(p).name.lower()})
 
 
 def blas_row(gflops: float | None = None, libs: list[str] | None = None,
@@ -169,7 +159,9 @@ def blas_row(gflops: float | None = None, libs: list[str] | None = None,
         gflops = cpu_matmul_gflops() if gflops is None else gflops
     except Exception as e:  # no backend at all: the mlx row says why
         return ("cpu blas", NA, f"could not multiply on the CPU ({type(e).__name__})")
-    detail = cpu_blas(gflops, libs)
+    libs = loaded_blas() if libs is None else libs
+    detail = (f"float32 matmul {gflops:.1f} GFLOP/s on MLX's CPU stream"
+              + (f" ({', '.join(libs)})" if libs else ""))
     if gflops >= BLAS_OK_GFLOPS or system != "Linux":
         return ("cpu blas", OK, detail)
     if found is None:

@@ -76,10 +76,10 @@ def conv_transpose(x: mx.array, weight: mx.array, stride: int, groups: int = 1) 
     if J * stride > K:
         z = mx.pad(z, [(0, 0), (0, 0), (0, J * stride - K), (0, 0)])
     z = z.reshape(B, T, J, stride, O)
-    y = None
-    for j in range(J):  # frame t's j-th stride of outputs lands in output frame t + j
-        part = mx.pad(z[:, :, j], [(0, 0), (j, J - 1 - j), (0, 0), (0, 0)])
-        y = part if y is None else y + part
+    y = z[:, :, 0]
+    for j in range(1, J):  # frame t's j-th stride of outputs lands in output frame t + j
+        y = mx.pad(y, [(0, 0), (0, 1), (0, 0), (0, 0)]) + mx.pad(
+            z[:, :, j], [(0, 0), (j, 0), (0, 0), (0, 0)])
     return y.reshape(B, (T + J - 1) * stride, O)[:, : (T - 1) * stride + K]
 
 
