@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
+import numpy as np
 
 
-def rotate_back(x: mx.array, delta: int | mx.array, dims: int, *, traditional: bool,
+def rotate_back(x: mx.array, delta: int | Sequence[int], dims: int, *, traditional: bool,
                 base: float) -> mx.array:
-    """Rotate (..., 1, D) keys by -delta positions (int or one per row, >= 0).
+    """Rotate (..., 1, D) keys by -delta RoPE positions (an int, or one per row of axis 0,
+    each >= 0): RoPE's rotation of every pair by -delta * base^(-2i / dims).
 
-    The GPU rope kernels add an unsigned position to the offset, so a negative
-    offset wraps to ~4.3e9 there; rotating by -d is instead done as conjugate,
-    rotate by +d, conjugate: the second element of every pair flips sign (exact).
+    Elementwise with the angles' cos and sin made on the host in float64, not through
+    `mx.fast.rope`: its CUDA kernel (MLX 0.32) launches one position over many rows with a
+    thread block deeper than CUDA's 64 in z when head_dim <= 16 (`invalid argument`), and
+    a negative offset wraps there to ~4.3e9 (the kernels take an unsigned position).
     """
     half = dims // 2
+    freqs = float(base) ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+    theta = np.multiply.outer(np.asarray(delta, dtype=np.float64), freqs)
+    if theta.ndim == 2:  # one angle set per row: (B, 1, ..., 1, half)
+        theta = theta.reshape(theta.shape[:1] + (1,) * (x.ndim - 2) + theta.shape[1:])
+    cos = mx.array(np.cos(theta).astype(np.float32)).astype(x.dtype)
+    sin = mx.array(np.sin(theta).astype(np.float32)).astype(x.dtype)
+    rot = x if dims == x.shape[-1] else x[..., :dims]
     if traditional:
-        sign = mx.array([1.0, -1.0] * half + [1.0] * (x.shape[-1] - dims), x.dtype)
+        pairs = rot.reshape(*rot.shape[:-1], half, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
     else:
-        sign = mx.array([1.0] * half + [-1.0] * half + [1.0] * (x.shape[-1] - dims), x.dtype)
-    y = mx.fast.rope(x * sign, dims, traditional=traditional, base=base, scale=1.0,
-                     offset=delta)
-    return y * sign
+        a, b = rot[..., :half], rot[..., half:]
+    a, b = a * cos + b * sin, b * cos - a * sin
+    if traditional:
+        rot = mx.stack([a, b], axis=-1).reshape(rot.shape)
+    else:
+        rot = mx.concatenate([a, b], axis=-1)
+    return rot if dims == x.shape[-1] else mx.concatenate([rot, x[..., dims:]], axis=-1)
 
 
 # Attention over a fixed set of shapes (every allocated ring slot, masked, instead of the slots
@@ -460,8 +476,7 @@ class RingBatch:
             raise ValueError(f"re-anchoring only lowers the RoPE clock, got deltas {deltas}")
         if self.keys is not None:
             k = self.keys if not self.kv_bits else unpack8(self.keys, self.dtype)
-            flat = rotate_back(k.reshape(k.shape[0], -1, 1, k.shape[-1]),
-                               mx.array(deltas, mx.int32), head_dim,
+            flat = rotate_back(k.reshape(k.shape[0], -1, 1, k.shape[-1]), deltas, head_dim,
                                traditional=traditional, base=base)
             self.keys = flat.reshape(k.shape)
             if self.kv_bits:

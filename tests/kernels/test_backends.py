@@ -50,6 +50,20 @@ def test_emulated_rope_wraps_negative_positions_like_the_gpu_kernels(traditional
     assert not np.allclose(chunk[:, :, :2], np.array(cpu(x, -2))[:, :, :2], atol=1e-3)
 
 
+def test_emulated_rope_refuses_the_launch_cuda_refused():
+    """MLX 0.32's CUDA rope sizes its thread block with no cap at 64 in z: one position over
+    (4, 156) rows with head_dim 8 failed on an H200 (`cudaGraphAddKernelNode ... invalid
+    argument`). The emulation raises there, and passes the real models' head sizes."""
+    from tests.support.gpu_emulation import cuda_rope_block
+
+    assert cuda_rope_block((4, 156, 1, 8), 8) == (4, 1, 128)
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        _rope(mx.zeros((4, 156, 1, 8)), mx.array([1, 2, 3, 4]), emulated_rope)
+    for shape in ((4, 156, 1, 64), (4, 156, 1, 128), (64, 32, 1, 128), (4, 8, 40, 8)):
+        assert max(cuda_rope_block(shape, shape[-1])[2:]) <= 64, shape
+    assert cuda_rope_block((1, 156, 1, 8), 8) == (1, 1, 1)  # the single kernel
+
+
 def test_no_float64_guard_refuses_every_way_to_make_one(no_float64):
     """On the CPU the guard raises its Float64Error (a ValueError); on a GPU MLX itself raises
     a ValueError with the same words first: either passes."""

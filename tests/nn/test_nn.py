@@ -86,6 +86,23 @@ def test_reanchor_under_gpu_rope_arithmetic(gpu_rope, traditional):
         batch.reanchor([1, -1, 0], 8, traditional=traditional, base=1e4)
 
 
+def test_batched_reanchor_within_cuda_launch_limits(gpu_rope):
+    """Four rows of a 64-slot ring, two heads, head_dim 8: one position over (4, 128) rows,
+    the rope launch CUDA refused on an H200 (tests/support/gpu_emulation.py). The rotation
+    still lands every key at its lowered clock."""
+    rng = np.random.default_rng(3)
+    raw = mx.array(rng.standard_normal((4, 2, 64, 8)).astype(np.float32))
+
+    def rope(x, off):
+        return mx.fast.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=off)
+
+    batch = RingBatch.gather([RingRow(64, 64) for _ in range(4)])
+    batch.update_and_fetch(rope(raw, mx.array([300, 90, 64, 7])), raw)
+    batch.reanchor([290, 0, 60, 7], 8, traditional=False, base=1e4)
+    np.testing.assert_allclose(np.array(batch.keys[:, :, :64]),
+                               np.array(rope(raw, mx.array([10, 90, 4, 0]))), atol=2e-5)
+
+
 def _window_mask_of(rows, length: int, used: int) -> np.ndarray:
     """The (B, 1, L, S) boolean mask from slot positions, written out in numpy."""
     cap, window = rows[0].capacity, rows[0].window

@@ -7,7 +7,11 @@ in (sources: ../shared/research/mlx-backends.md, MLX 0.32 kernels):
   (Metal `rope.metal` `rope_impl`, CUDA `rope.cu` `rope_impl`) computes `pos.y + offset` with
   `pos.y` unsigned, so a negative position wraps to ~4.3e9. Only the "single" kernels
   (T == 1 with one offset on Metal, B == 1 and T == 1 on CUDA) take a signed offset; a call
-  wraps here unless both backends would pick the single kernel.
+  wraps here unless both backends would pick the single kernel. And CUDA's launch: its
+  general kernel runs a thread block of (dims/2, T, B * ceil(N/4)) threads, sized by
+  `get_block_dims_common` with no cap at CUDA's 64 in z, so one position over many rows with
+  head_dim <= 16 failed on an H200 with `cudaGraphAddKernelNode ... invalid argument`
+  (Voxtral's batched re-anchoring: (4, 156, 1, 8)); such a call raises here.
 * `no_float64`: any float64 MLX array (a GPU op on one raises "float64 is not supported on the
   GPU") raises here when it is created: constructor, `astype`, `view`, every `mx.*` function.
 * `gpu_order`: `mx.argpartition` / `mx.partition` / `mx.argsort` returning another valid
@@ -55,9 +59,34 @@ def _rope_general(x: mx.array, dims: int, traditional: bool, base: float, scale:
     return mx.array(out.reshape(shape)).astype(x.dtype)
 
 
+def cuda_rope_block(x_shape: tuple[int, ...], dims: int) -> tuple[int, int, int]:
+    """The thread block MLX 0.32's CUDA rope launches for an input of `x_shape`
+    (`rope.cu`, `get_block_dims_common`: powers of two grown in turn, 2^10 threads at most,
+    no per-axis cap); (1, 1, 1) sizes aside for the single kernel (B == 1, T == 1)."""
+    B, T = x_shape[0], x_shape[-2]
+    N = int(np.prod(x_shape[1:-2], dtype=np.int64))
+    if B == 1 and T == 1:
+        return (1, 1, 1)
+    want, p, total = (dims // 2, T, B * -(-N // 4)), [0, 0, 0], 0
+    while True:
+        before = total
+        for axis in range(3):
+            if want[axis] >= 1 << (p[axis] + 1):
+                p[axis] += 1
+                total += 1
+            if total == 10:
+                return tuple(1 << q for q in p)
+        if total == before:
+            return tuple(1 << q for q in p)
+
+
 def emulated_rope(x: mx.array, dims: int, *, traditional: bool, base: float | None,
                   scale: float, offset, freqs=None, stream=None) -> mx.array:
     """`mx.fast.rope` as the GPU kernels compute it (see the module docstring)."""
+    block = cuda_rope_block(x.shape, dims)
+    if block[2] > 64:
+        raise RuntimeError(f"cudaGraphAddKernelNode failed: invalid argument (emulated: CUDA's "
+                           f"rope for {x.shape} launches a {block} thread block; z <= 64)")
     off = np.array(offset, np.int64).reshape(-1)
     B, T = x.shape[0], x.shape[-2]
     pos = np.arange(T)[None, :] + off[:, None]
