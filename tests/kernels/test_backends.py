@@ -115,3 +115,23 @@ def test_tf32_is_off_where_float32_is_compared():
                 if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
         first = ast.unparse(body[0])
         assert first == "os.environ.setdefault('MLX_ENABLE_TF32', '0')", path.name
+
+
+def test_complex_spectra_reach_no_fused_kernel():
+    """CUDA's fused kernels (MLX 0.32) cannot take a complex input: Silero's compiled
+    `abs(rfft(...))` failed to build on an H200 ("no suitable conversion from complex64_t to
+    float"). Every MLX FFT in the package is read at once as float (re, im) pairs through
+    `mx.view(..., mx.float32)`, so no complex array reaches another op."""
+    calls = 0
+    for path in sorted((ROOT / "mlx_speech").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func).startswith("mx.fft.")):
+                continue
+            calls += 1
+            up = parents.get(node)
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            assert isinstance(up, ast.Call) and ast.unparse(up.func) == "mx.view", where
+            assert up.args[0] is node and ast.unparse(up.args[1]) == "mx.float32", where
+    assert calls >= 1  # Silero VAD's STFT

@@ -131,7 +131,11 @@ class _LSTMCell(nn.Module):
 # a transposed view. The convs run as im2col matmuls over their few positions.
 def _encode(win, window, w1, b1, w2, b2, w3, b3, w4, b4, wx, bx):
     """(N, 4, 256) STFT windows of N frames -> (N, 512) LSTM input projections."""
-    mag = mx.abs(mx.fft.rfft(win * window, axis=-1))  # == the conv with Silero's basis
+    # |rFFT| == the conv with Silero's basis. The complex spectrum is read as (re, im) float
+    # pairs (a view): CUDA's fused kernels cannot take a complex input.
+    spec = mx.view(mx.fft.rfft(win * window, axis=-1), mx.float32)
+    re, im = spec[..., 0::2], spec[..., 1::2]
+    mag = mx.sqrt(re * re + im * im)
     xp = mx.pad(mag, [(0, 0), (1, 1), (0, 0)])
     x = nn.relu(mx.concatenate([xp[:, 0:4], xp[:, 1:5], xp[:, 2:6]], axis=-1) @ w1 + b1)
     xp = mx.pad(x, [(0, 0), (1, 1), (0, 0)])  # stride 2: outputs at 0 and 2
