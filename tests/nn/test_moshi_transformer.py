@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_speech.nn import cache as nn_cache
 from mlx_speech.nn.moshi_transformer import (
     TransformerConfig,
     remap_checkpoint,
@@ -50,9 +51,12 @@ def test_ring_semantics_differ_from_offline_once_full():
     assert _err(mx.array(g["stream1"]), g["offline"]) < TOL
 
 
-def test_masks_take_the_forms_fused_kernels_take():
+def test_masks_take_the_forms_fused_kernels_take(monkeypatch):
     """A ring wider than the window: no mask while a query sees every slot, "causal" while the
-    window does not bind, else the boolean mask; the stream still equals offline."""
+    window does not bind, else the boolean mask; the stream still equals offline. At the
+    exact shapes (the CPU's default): with fixed shapes (GPUs) every allocated slot is
+    attended, so the mask is an array from the first step (tests/kernels/test_fixed_shapes)."""
+    monkeypatch.setattr(nn_cache, "FIXED_SHAPES", False)
     model, g = _load("mimi")
     ctx = model.cfg.context
     st = model.make_state(batch=g["x"].shape[0], capacity=ctx + 3)

@@ -108,7 +108,8 @@ def test_bad_user_settings(bits, group, mode):
 def test_many_half_precision_rows_run_a_dense_gemm(bits, monkeypatch):
     """From `DENSE_FROM_ROWS` rows on (CUDA: 32), a quantized Linear with bf16 input
     dequantizes and runs a dense GEMM: the dense layer's result on the dequantized weight.
-    Fewer rows, float32 input, and the CPU by default keep mx.quantized_matmul."""
+    Fewer rows, float32 input, and the CPU by default keep mx.quantized_matmul. The limit is
+    set for the backend this runs on (the CPU in CI, CUDA on a lent GPU)."""
     m, _ = _quantized(bits=bits)
     lin = m.layers[0]
     assert type(lin) is quant.QuantizedLinear and isinstance(lin, nn.QuantizedLinear)
@@ -117,9 +118,12 @@ def test_many_half_precision_rows_run_a_dense_gemm(bits, monkeypatch):
     monkeypatch.setattr(mx, "quantized_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
     x = mx.random.normal((2, 20, 64)).astype(mx.bfloat16)
     dense = x @ quant.dense_weight(lin).astype(mx.bfloat16).T + lin.bias.astype(mx.bfloat16)
+    assert quant.DENSE_FROM_ROWS["cpu"] is None  # the CPU default: never dense
+    here = quant.backend()
+    monkeypatch.setitem(quant.DENSE_FROM_ROWS, here, None)
     lin(x)
-    assert quant.DENSE_FROM_ROWS["cpu"] is None and len(calls) == 1  # the CPU default
-    monkeypatch.setitem(quant.DENSE_FROM_ROWS, "cpu", 32)
+    assert len(calls) == 1
+    monkeypatch.setitem(quant.DENSE_FROM_ROWS, here, 32)
     out = lin(x)  # 40 rows
     assert len(calls) == 1 and out.dtype == mx.bfloat16
     assert mx.allclose(out, dense, atol=1e-2, rtol=2e-2).item()
