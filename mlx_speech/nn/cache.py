@@ -13,7 +13,8 @@ def rotate_back(x: mx.array, delta: int | Sequence[int], dims: int, *, tradition
     """Rotate (..., 1, D) keys by -delta RoPE positions (an int, or one per row of axis 0,
     each >= 0): RoPE's rotation of every pair by -delta * base^(-2i / dims).
 
-    Elementwise with the angles' cos and sin made on the host in float64, not through
+    Elementwise in float32 (as the rope kernels compute; half-precision keys are rounded
+    once), with the angles' cos and sin made on the host in float64, not through
     `mx.fast.rope`: its CUDA kernel (MLX 0.32) launches one position over many rows with a
     thread block deeper than CUDA's 64 in z when head_dim <= 16 (`invalid argument`), and
     a negative offset wraps there to ~4.3e9 (the kernels take an unsigned position).
@@ -23,9 +24,9 @@ def rotate_back(x: mx.array, delta: int | Sequence[int], dims: int, *, tradition
     theta = np.multiply.outer(np.asarray(delta, dtype=np.float64), freqs)
     if theta.ndim == 2:  # one angle set per row: (B, 1, ..., 1, half)
         theta = theta.reshape(theta.shape[:1] + (1,) * (x.ndim - 2) + theta.shape[1:])
-    cos = mx.array(np.cos(theta).astype(np.float32)).astype(x.dtype)
-    sin = mx.array(np.sin(theta).astype(np.float32)).astype(x.dtype)
-    rot = x if dims == x.shape[-1] else x[..., :dims]
+    cos = mx.array(np.cos(theta).astype(np.float32))
+    sin = mx.array(np.sin(theta).astype(np.float32))
+    rot = (x if dims == x.shape[-1] else x[..., :dims]).astype(mx.float32)
     if traditional:
         pairs = rot.reshape(*rot.shape[:-1], half, 2)
         a, b = pairs[..., 0], pairs[..., 1]
@@ -36,6 +37,7 @@ def rotate_back(x: mx.array, delta: int | Sequence[int], dims: int, *, tradition
         rot = mx.stack([a, b], axis=-1).reshape(rot.shape)
     else:
         rot = mx.concatenate([a, b], axis=-1)
+    rot = rot.astype(x.dtype)
     return rot if dims == x.shape[-1] else mx.concatenate([rot, x[..., dims:]], axis=-1)
 
 
