@@ -95,3 +95,13 @@ def nemo_file(tmp_path_factory) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def transformers_features(tr, n_mels: int):
+    """transformers' Nemotron feature extractor; a skip where that transformers release needs
+    a package it lacks to build one (some need librosa)."""
+    try:
+        return tr.NemotronAsrStreamingFeatureExtractor(feature_size=n_mels)
+    except ImportError as e:
+        why = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        pytest.skip(f"transformers' NemotronAsrStreamingFeatureExtractor: {why.strip()}")

@@ -20,6 +20,7 @@ from mlx_speech.models.nemotron_streaming import languages as lang
 from mlx_speech.models.nemotron_streaming import load
 from mlx_speech.models.nemotron_streaming.multilingual import Nemotron35Streaming
 from tests.support import nemo as nemo_helpers
+from tests.support.nemo import transformers_features
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "nemotron35"
 SEED = Path(__file__).parents[2] / "golden" / "nemotron"
@@ -444,7 +445,7 @@ def test_fresh_audio_against_transformers(models):
     nm = models["hf"]
     ref.generation_config.decoder_start_token_id = nm.config.blank_id
     ref.generation_config.pad_token_id = nm.config.blank_id
-    fe = tr.NemotronAsrStreamingFeatureExtractor(feature_size=nm.config.encoder.num_mel_bins)
+    fe = transformers_features(tr, nm.config.encoder.num_mel_bins)
     audio = speechlike(2.7, seed=11)
     f = fe(audio, sampling_rate=16000, return_tensors="pt")
     for ms, r in MODES.items():

@@ -15,6 +15,7 @@ import pytest
 from mlx_speech.errors import AudioError, CheckpointError, MlxSpeechError
 from mlx_speech.models.nemo.features import NemoLogMel, StreamingNemoLogMel
 from mlx_speech.models.nemotron_streaming import load
+from tests.support.nemo import transformers_features
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "nemotron"
 MODES = {1120: 13, 560: 6, 160: 1, 80: 0}  # latency ms -> right context
@@ -308,7 +309,7 @@ def test_fresh_audio_against_transformers(nm):
     ref = tr.NemotronAsrStreamingForRNNT.from_pretrained(str(GOLDEN)).eval()
     ref.generation_config.decoder_start_token_id = nm.config.blank_id
     ref.generation_config.pad_token_id = nm.config.blank_id
-    fe = tr.NemotronAsrStreamingFeatureExtractor(feature_size=128)
+    fe = transformers_features(tr, 128)
     audio = speechlike(2.7, seed=11)
     f = fe(audio, sampling_rate=16000, return_tensors="pt")
     n = int(f.attention_mask.sum())
