@@ -33,6 +33,7 @@ import httpx  # noqa: E402
 
 import mlx_speech  # noqa: E402
 from tests.conftest import speechlike  # noqa: E402
+from tests.support.numbers import assert_same_numbers  # noqa: E402
 from tests.support.server import (  # noqa: E402
     DEADLINE_S,
     HostileServer,
@@ -764,7 +765,7 @@ def test_9_events_line_up_exactly(srv, nm, golden_audio):
     deltas, done = asyncio.run(asyncio.wait_for(openai_sdk(), 120))
     assert done["transcript"] == ref.text
     streamed = check_stream(deltas, ref.text, done["logprobs"])
-    np.testing.assert_allclose(streamed, values, atol=1e-5)
+    assert_same_numbers(streamed, values, atol=1e-5)
     assert done["logprobs"][0]["token"] == "" and done["logprobs"][0]["bytes"] == []
     assert done["words"] == words_field(ref) and done["words"][-1]["end"] <= seconds
 
@@ -773,7 +774,7 @@ def test_9_events_line_up_exactly(srv, nm, golden_audio):
                               update={"hotwords": PHRASES, "boost": BOOST, "include": [
                                   "item.input_audio_transcription.logprobs"]}))
     streamed = check_stream(deltas, ref.text, done["logprobs"])
-    np.testing.assert_allclose(streamed, values, atol=1e-5)
+    assert_same_numbers(streamed, values, atol=1e-5)
     assert done["words"] == words_field(ref) and done["words"][-1]["end"] <= seconds
     # REST, through the openai SDK: whole, verbose (words) and streamed
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
@@ -791,5 +792,5 @@ def test_9_events_line_up_exactly(srv, nm, golden_audio):
     evs = [e.model_dump() for e in client.audio.transcriptions.create(
         model="nm", file=f, include=["logprobs"], stream=True, extra_body=extra)]
     streamed = check_stream(evs[:-1], ref.text, evs[-1]["logprobs"])
-    np.testing.assert_allclose(streamed, values, atol=1e-5)
+    assert_same_numbers(streamed, values, atol=1e-5)
     assert evs[-1]["text"] == ref.text

@@ -21,6 +21,7 @@ import httpx  # noqa: E402
 
 import mlx_speech  # noqa: E402
 from mlx_speech.server.vocabulary import prompt_phrases  # noqa: E402
+from tests.support.numbers import assert_same_numbers  # noqa: E402
 from tests.support.server import KEY, ServerThread, pcm16, wav_bytes  # noqa: E402
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -168,12 +169,12 @@ def test_realtime_logprobs_and_words_openai_sdk(srv, nm, audio):
         srv, pcm, {"include": ["item.input_audio_transcription.logprobs"]}), 120))
     streamed = [lp for d in deltas for lp in (d.logprobs or [])]
     assert len(streamed) == len(ref.token_ids) and len(deltas) > 2
-    np.testing.assert_allclose([lp.logprob for lp in streamed], ref.logprobs, atol=1e-5)
+    assert_same_numbers([lp.logprob for lp in streamed], ref.logprobs, atol=1e-5)
     assert [bytes(lp.bytes) for lp in streamed] == [nm.tokenizer.token_bytes(t)
                                                      for t in ref.token_ids]
     assert "".join(lp.token for lp in done.logprobs) == "".join(
         nm.tokenizer.token_bytes(t).decode() for t in ref.token_ids)
-    np.testing.assert_allclose([lp.logprob for lp in done.logprobs], ref.logprobs, atol=1e-5)
+    assert_same_numbers([lp.logprob for lp in done.logprobs], ref.logprobs, atol=1e-5)
     assert done.model_extra["words"] == words_field(ref) and ref.words
     # a client that does not ask gets no logprobs
     deltas, done = asyncio.run(asyncio.wait_for(_openai_events(srv, pcm, {}), 120))
@@ -206,9 +207,9 @@ def test_realtime_logprobs_and_words_vllm_dialect(srv, nm, audio):
     evs = asyncio.run(asyncio.wait_for(go({"include": [
         "item.input_audio_transcription.logprobs"]}), 120))
     streamed = [lp["logprob"] for e in evs[:-1] for lp in e.get("logprobs", [])]
-    np.testing.assert_allclose(streamed, ref.logprobs, atol=1e-5)
-    np.testing.assert_allclose([lp["logprob"] for lp in evs[-1]["logprobs"]], ref.logprobs,
-                               atol=1e-5)
+    assert_same_numbers(streamed, ref.logprobs, atol=1e-5)
+    assert_same_numbers([lp["logprob"] for lp in evs[-1]["logprobs"]], ref.logprobs,
+                        atol=1e-5)
     assert evs[-1]["words"] == words_field(ref)
     evs = asyncio.run(asyncio.wait_for(go({}), 120))
     assert not any("logprobs" in e for e in evs) and evs[-1]["words"] == words_field(ref)
@@ -220,7 +221,7 @@ def test_rest_include_logprobs(srv, nm, audio):
     f = ("a.wav", wav_bytes(audio))
     t = client.audio.transcriptions.create(model="nm", file=f, include=["logprobs"])
     assert t.text == ref.text
-    np.testing.assert_allclose([lp.logprob for lp in t.logprobs], ref.logprobs, atol=1e-5)
+    assert_same_numbers([lp.logprob for lp in t.logprobs], ref.logprobs, atol=1e-5)
     assert t.logprobs[0].bytes == list(nm.tokenizer.token_bytes(ref.token_ids[0]))
     assert client.audio.transcriptions.create(model="nm", file=f).logprobs is None
     v = client.audio.transcriptions.create(model="nm", file=f, include=["logprobs"],
@@ -266,10 +267,10 @@ def test_realtime_logprobs_raw_client_openai_dialect_voxtral(srv, vr_model):
     assert upd["session"]["include"] == ["item.input_audio_transcription.logprobs"]
     done = evs[-1]
     assert done["transcript"] == ref.text
-    np.testing.assert_allclose([e["logprob"] for e in done["logprobs"]], text_lps, atol=1e-5)
+    assert_same_numbers([e["logprob"] for e in done["logprobs"]], text_lps, atol=1e-5)
     assert all(e["bytes"] for e in done["logprobs"])
     streamed = [lp["logprob"] for e in evs[:-1] for lp in e.get("logprobs", [])]
-    np.testing.assert_allclose(streamed, text_lps, atol=1e-5)
+    assert_same_numbers(streamed, text_lps, atol=1e-5)
 
 
 def test_rest_streamed_logprobs(srv, nm, audio):
@@ -278,7 +279,7 @@ def test_rest_streamed_logprobs(srv, nm, audio):
     evs = list(client.audio.transcriptions.create(model="nm", file=("a.wav", wav_bytes(audio)),
                                                   include=["logprobs"], stream=True))
     streamed = [lp.logprob for e in evs[:-1] for lp in (e.logprobs or [])]
-    np.testing.assert_allclose(streamed, ref.logprobs, atol=1e-5)
-    np.testing.assert_allclose([lp.logprob for lp in evs[-1].logprobs], ref.logprobs,
-                               atol=1e-5)
+    assert_same_numbers(streamed, ref.logprobs, atol=1e-5)
+    assert_same_numbers([lp.logprob for lp in evs[-1].logprobs], ref.logprobs,
+                        atol=1e-5)
     assert "".join(e.delta for e in evs[:-1]) == ref.text == evs[-1].text

@@ -25,6 +25,7 @@ from mlx_speech.models.sortformer.weights import nemo_name, remap
 from mlx_speech.nn import cache as nn_cache
 from mlx_speech.nn import compiled
 from tests.support.gpu_emulation import TieOrderNumpy
+from tests.support.numbers import assert_same_numbers
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "sortformer"
 NEMO = GOLDEN / "tiny.nemo"
@@ -146,7 +147,7 @@ def test_batched_equals_alone(model, golden, wav):
     for i, o in enumerate(model.finish_many(sessions)):
         got[i].append(o)
     for g, a in zip(got, alone, strict=True):
-        np.testing.assert_allclose(np.concatenate(g), a, atol=1e-5, rtol=0)
+        assert_same_numbers(np.concatenate(g), a, atol=1e-5)
 
 
 def test_fixed_shapes_per_step(model, wav, monkeypatch):
@@ -315,7 +316,7 @@ def test_convert_round_trip(model, wav, tmp_path):
     assert json.loads((out / "mlx_speech.json").read_text())["model_type"] == "sortformer"
     m = mlx_speech.load(out)
     x = wav[: 16000 * 4]
-    np.testing.assert_array_equal(m.probabilities(x), model.probabilities(x))
+    assert_same_numbers(m.probabilities(x), model.probabilities(x))
 
 
 def test_quantize_on_load_keeps_the_stem_and_heads(model, wav):
@@ -376,4 +377,4 @@ def test_gpu_batch_padding_changes_nothing(model, wav, monkeypatch):
     monkeypatch.setattr(nn_cache, "FIXED_SHAPES", False)
     for a, g in zip(audios, got, strict=True):
         s = model.session()
-        np.testing.assert_allclose(g, np.concatenate([s.feed(a), s.finish()]), atol=1e-5, rtol=0)
+        assert_same_numbers(g, np.concatenate([s.feed(a), s.finish()]), atol=1e-5)
