@@ -51,10 +51,9 @@ def assert_same_numbers(got, want, *, atol: float = 0.0, err_msg: str = "") -> N
 
 
 def same_numbers(got, want) -> bool:
-    """`assert_same_numbers` as a bool (same shape, and equal as it requires)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
+    """`assert_same_numbers` as a bool (one rule for both)."""
+    try:
+        assert_same_numbers(got, want)
+    except AssertionError:
         return False
-    if exact_products():
-        return bool(np.array_equal(got, want))
-    return bool(np.allclose(got, want, rtol=RTOL, atol=ATOL))
+    return True
