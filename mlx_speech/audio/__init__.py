@@ -8,7 +8,8 @@ from mlx_speech.audio.io import (
     output_format,
     write_audio,
 )
+from mlx_speech.audio.mel import LogMel, StreamingLogMel
 from mlx_speech.audio.resample import resample
 
-__all__ = ["WRITE_FORMATS", "Audio", "atomic_output", "check_audio", "check_writable",
-           "load_audio", "output_format", "resample", "write_audio"]
+__all__ = ["WRITE_FORMATS", "Audio", "LogMel", "StreamingLogMel", "atomic_output", "check_audio",
+           "check_writable", "load_audio", "output_format", "resample", "write_audio"]
