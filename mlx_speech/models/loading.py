@@ -20,11 +20,20 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import CheckpointError
-from ..hub import is_converted, read_json
+from ..hub import is_converted
+from ..hub import read_json as _read_json
 from ..hub import weight_files as converted_files
 from ..nn import quant
 
 Remap = Callable[[dict[str, mx.array], set[str]], dict[str, mx.array]]
+
+
+def read_json(path: Path, required: bool = True) -> dict | None:
+    """A JSON file of a checkpoint (a one-line CheckpointError when unreadable); None when it is
+    absent and not `required`."""
+    if not required and not Path(path).exists():
+        return None
+    return _read_json(path)
 
 
 def read_config(folder: Path, model_type: str) -> dict:
@@ -40,8 +49,7 @@ def read_config(folder: Path, model_type: str) -> dict:
 
 def declared_quantization(folder: Path) -> dict | None:
     """What a folder's config.json declares of its quantization (`quant.declared`), if any."""
-    cfg = Path(folder) / "config.json"
-    return quant.declared(read_json(cfg) if cfg.exists() else None)
+    return quant.declared(read_json(Path(folder) / "config.json", required=False))
 
 
 def weight_files(folder: Path, pattern: str = "model*.safetensors") -> list[Path]:
