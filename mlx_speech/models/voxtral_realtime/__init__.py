@@ -10,24 +10,21 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import MlxSpeechError
-from ...hub import read_json
-from ...text.context_graph import GraphCache
-from ...text.tekken import Tekken
-from ...text.vocabulary import Vocabulary
+from ...text import GraphCache, Tekken, Vocabulary
 from ..asr import StreamingASR, Transcript, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
 from ..loading import (
     declared_quantization,
     fill,
     mistral_or_hf_layout,
+    read_json,
     read_weights,
     weight_files,
 )
 from .config import FRAME_MS, VoxtralRealtimeConfig
-from .model import Model
+from .model import Model, remap
 from .session import MAX_DELAY_MS, Session
 from .step import Steps
-from .weights import remap
 
 __all__ = ["Session", "Transcript", "VoxtralRealtime", "Word", "keep_high_precision", "load",
            "weight_patterns"]

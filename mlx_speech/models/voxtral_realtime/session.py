@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from ...audio.mel import LogMel, StreamingLogMel
-from ...text.tekken import StreamingDetokenizer
+from ...audio import LogMel, StreamingLogMel
+from ...text import StreamingDetokenizer
 from ..asr import (
     TokenLogprobs,
     Transcript,
@@ -20,7 +20,7 @@ from ..asr import (
 from .config import FRAME_MS, MEL_PER_TOKEN, RIGHT_PAD_EXTRA_TOKENS, TOKEN_SAMPLES
 
 if TYPE_CHECKING:
-    from ...text.vocabulary import Vocabulary
+    from ...text import Vocabulary
     from . import VoxtralRealtime
 
 ENCODER_CHUNK_TOKENS = 32  # bound on one encoder call (a big feed is split)

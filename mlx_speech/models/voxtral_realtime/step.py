@@ -11,10 +11,18 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ...nn import ConvCache, RingBatch, sampling, stack_rows
-from ...nn import boost as _boost
-from ...nn.cache import RingStep, write_start
-from ...nn.compiled import CompiledStep, enabled
+from ...nn import (
+    CompiledStep,
+    ConvCache,
+    RingBatch,
+    RingStep,
+    boost_bias,
+    chosen_logprob,
+    compile_enabled,
+    greedy,
+    stack_rows,
+    write_start,
+)
 from ..stepper import Batch, Stepper, chunk_size
 from .config import MEL_PER_TOKEN, VoxtralRealtimeConfig
 from .model import EncoderState, Model, reanchor
@@ -52,7 +60,7 @@ class Steps:
         kv = [RingBatch.gather([st.kv[j] for st in states], size=batch.size)
               for j in range(len(states[0].kv))]
         state = EncoderState(conv, kv)
-        if enabled() and all(c.tail is not None for c in conv) and kv[0].keys is not None:
+        if compile_enabled() and all(c.tail is not None for c in conv) and kv[0].keys is not None:
             emb = self._encode_compiled(mel, state)
         else:
             emb = self.model.embed_audio(mel, state)
@@ -122,10 +130,10 @@ class Steps:
         bias = None
         if boosted:
             pad = [None] * (logits.shape[0] - len(rows))
-            bias = _boost.bias([s.booster for s in rows] + pad, self.config.decoder.vocab_size,
+            bias = boost_bias([s.booster for s in rows] + pad, self.config.decoder.vocab_size,
                                logits.dtype)
-        tok = sampling.greedy(logits, bias)
-        lp = sampling.chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
+        tok = greedy(logits, bias)
+        lp = chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
         mx.async_eval(tok, *([] if lp is None else [lp]))
         return tok, lp
 
@@ -141,7 +149,7 @@ class Steps:
         scales = self._scales(batch.rows)
         boosted = any(s.booster for s in rows)
         want_lp = any(s.lp is not None for s in rows)
-        if enabled() and tokens.shape[1] == 1 and caches[0].keys is not None:
+        if compile_enabled() and tokens.shape[1] == 1 and caches[0].keys is not None:
             logits, nxt = self._decode_compiled(tokens, audio, scales, caches,
                                                 None if boosted else want_lp)
         else:
@@ -187,8 +195,8 @@ class Steps:
         out = self.model.logits(h[:, -1])
         lp = None
         if choose is not None:
-            logits, out = out, sampling.greedy(out, None)
-            lp = sampling.chosen_logprob(logits, out) if choose else None
+            logits, out = out, greedy(out, None)
+            lp = chosen_logprob(logits, out) if choose else None
         return out, lp, [r.keys for r in views], [r.values for r in views]
 
     def _prefill(self, batch: Batch[Session], lengths: list[int]) -> list[str]:
