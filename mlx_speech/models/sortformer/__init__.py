@@ -9,12 +9,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ...audio.io import check_audio, load_audio
-from ...nn.compiled import CompiledStep
+from ...audio import check_audio, load_audio
+from ...nn import CompiledStep
 from ..base import check_sessions, checked_pairs, parameter_bytes
 from ..loading import fill, read_config, read_weights, weight_files
-from ..nemo.checkpoint import read_archive
-from ..nemo.features import NemoLogMel
+from ..nemo import NemoLogMel, read_archive
 from ..stepper import Batch, Stepper
 from .config import FRAME_S, SAMPLE_RATE, SortformerConfig
 from .model import Sortformer

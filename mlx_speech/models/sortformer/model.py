@@ -22,7 +22,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.conformer import ConformerLayer, rel_positions
+from ...nn import ConformerLayer, rel_positions
 from .config import SortformerConfig
 
 

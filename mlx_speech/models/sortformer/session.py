@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..nemo.features import StreamingNemoLogMel
+from ..nemo import StreamingNemoLogMel
 from .config import FRAME_S
 from .streaming import SUB, Chunk, StreamState, chunk_bounds
 

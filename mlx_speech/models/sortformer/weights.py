@@ -14,9 +14,9 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...nn.quant import param_name
+from ...nn import param_name
 from ..loading import raise_missing
-from ..nemo.checkpoint import CONFORMER_RENAMES, renamed
+from ..nemo import CONFORMER_RENAMES, renamed
 
 _SKIP = re.compile(r"^preprocessor\.|\.num_batches_tracked$|^tf_encoder\.embed_positions\.")
 _POINTWISE = re.compile(r"(subsampling\.layers_[36]|conv\.pointwise_conv[12])\.weight$")
