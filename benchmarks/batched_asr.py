@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import nemotron_streaming as nb  # noqa: E402
 import voxtral_realtime as vb  # noqa: E402
 
-from mlx_speech.models.nemotron_streaming import multilingual as nb35  # noqa: E402
+from mlx_speech.models.nemotron_streaming import LATENCY_MS_35  # noqa: E402
 
 SIZES = [1, 2, 4, 8, 16, 32]
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtype", choices=sorted(vb.DTYPES), default="float32")
-    ap.add_argument("--latency-ms", type=int, choices=sorted(nb35.LATENCY_MS), default=160,
+    ap.add_argument("--latency-ms", type=int, choices=sorted(LATENCY_MS_35), default=160,
                     help="Nemotron's latency mode (320: Nemotron 3.5 only)")
     ap.add_argument("--long-ticks", type=int, default=0,
                     help="also time --long-size streams over this many ticks (a long stream)")

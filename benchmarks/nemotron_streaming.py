@@ -81,9 +81,8 @@ def write_random_checkpoint(out: Path, name: str, layers: int | None, blank_bias
     mode; the transformers layout, languages in processor_config.json."""
     from mlx.utils import tree_flatten
 
-    from mlx_speech.models.nemotron_streaming.config import NemotronStreamingConfig
-    from mlx_speech.models.nemotron_streaming.languages import release_prompts
-    from mlx_speech.models.nemotron_streaming.transducer import Model
+    from mlx_speech.models.nemotron_streaming.config import NemotronStreamingConfig, release_prompts
+    from mlx_speech.models.nemotron_streaming.model import Model
 
     c = dict(CONFIGS[name])
     n_layers = layers or c.pop("layers")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlx_speech.models.nemotron_streaming.layouts import nemo_config_json
-from mlx_speech.models.nemotron_streaming.nemo import read_nemo
+from mlx_speech.models.nemotron_streaming.weights import nemo_config_json, read_nemo
 
 
 def convert_nemo(path: str | Path, out: str | Path) -> Path:

@@ -60,10 +60,10 @@ def _plan_voxtral(plan: _Plan, folder: Path, loaded) -> None:
 
 def _plan_nemotron(plan: _Plan, src: Path, loaded) -> None:
     from mlx_speech.models.nemotron_streaming import folder_config
-    from mlx_speech.models.nemotron_streaming.layouts import nemo_config_json
+    from mlx_speech.models.nemotron_streaming.weights import nemo_config_json
 
     if src.is_file():  # .nemo: the transformers config and the SentencePiece model inside
-        from mlx_speech.models.nemotron_streaming.nemo import read_nemo
+        from mlx_speech.models.nemotron_streaming.weights import read_nemo
 
         nemo_config, _, tok = read_nemo(src, weights=False)
         plan.files["config.json"] = nemo_config_json(nemo_config)  # Nemotron 3.5: + languages

@@ -15,8 +15,8 @@ MODELS = {
     "voxtral_realtime": "mlx_speech.models.voxtral_realtime:VoxtralRealtime",
     "nemotron_asr_streaming": "mlx_speech.models.nemotron_streaming:NemotronStreaming",
     # Nemotron 3.5: the same family with a language prompt (nemotron_asr: mlx-audio's layout)
-    "nemotron3_5_asr": "mlx_speech.models.nemotron_streaming.multilingual:Nemotron35Streaming",
-    "nemotron_asr": "mlx_speech.models.nemotron_streaming.multilingual:Nemotron35Streaming",
+    "nemotron3_5_asr": "mlx_speech.models.nemotron_streaming:Nemotron35Streaming",
+    "nemotron_asr": "mlx_speech.models.nemotron_streaming:Nemotron35Streaming",
     "voxtral_tts": "mlx_speech.models.voxtral_tts:VoxtralTTS",
     "moshi": "mlx_speech.models.moshi:Moshi",
     "personaplex": "mlx_speech.models.moshi:Moshi",  # the community MLX layout's config.json

@@ -1,5 +1,11 @@
-"""NVIDIA Nemotron speech streaming: cache-aware FastConformer + RNN-T (en 0.6b; Nemotron 3.5,
-multilingual with a language prompt, is the same model plus `prompt.py`: see multilingual.py)."""
+"""NVIDIA Nemotron speech streaming: cache-aware FastConformer + RNN-T (en 0.6b), and Nemotron
+3.5 ASR streaming (`nemotron3_5_asr`, `Nemotron35Streaming`): the same model with a language-ID
+prompt (NeMo's `EncDecRNNTBPEModelWithPrompt`, about 40 locales, punctuation and capitals, `auto`
+language detection), the same encoder, decoder, sessions and batched stepping.
+
+Files: config.py (config, languages), weights.py (every checkpoint layout as ours), model.py (the
+network), step.py (sessions and their batched step); here the classes and the loader.
+"""
 
 from __future__ import annotations
 
@@ -11,32 +17,42 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import read_json
-from ...nn import quant
-from ...text.context_graph import GraphCache
-from ...text.spm import SentencePieceDecoder
-from ...text.vocabulary import Vocabulary
+from ...nn import quantization_declared
+from ...text import GraphCache, SentencePieceDecoder, Vocabulary
 from ..asr import StreamingASR, Word, make_booster, session_vocabulary, transcribe_with
 from ..base import Latency, parameter_bytes
-from ..loading import fill, read_weights, weight_files
-from ..nemo.checkpoint import read_archive
-from ..nemo.features import NemoLogMel
-from .config import FRAME_MS, LATENCY_MS, SAMPLE_RATE, NemotronStreamingConfig
-from .languages import Languages, check_language
-from .layouts import mlx_audio_config_json, nemo_config_json, with_folder_prompts
-from .nemo import read_nemo
-from .session import Session, Transcript
-from .step import Steps
-from .transducer import Model
-from .weights import is_nemo_mlx, remap, remap_nemo_mlx
+from ..loading import fill, read_json, read_weights, weight_files
+from ..nemo import NemoLogMel, read_archive
+from .config import (
+    FRAME_MS,
+    LATENCY_MS,
+    SAMPLE_RATE,
+    Languages,
+    NemotronStreamingConfig,
+    check_language,
+    release_codes,
+    release_prompts,
+)
+from .model import Model
+from .step import Session, Steps, Transcript
+from .weights import (
+    is_nemo_mlx,
+    mlx_audio_config_json,
+    nemo_config_json,
+    read_nemo,
+    remap,
+    remap_nemo_mlx,
+    with_folder_prompts,
+)
 
-__all__ = ["LATENCY_MS", "NemotronStreaming", "Session", "Transcript", "Word",
-           "keep_high_precision", "load", "weight_patterns"]
+__all__ = ["LATENCY_MS", "LATENCY_MS_35", "Nemotron35Streaming", "NemotronStreaming", "Session",
+           "Transcript", "Word", "check_load_options", "keep_high_precision", "load",
+           "weight_patterns"]
 
 HF_FILES = ["config.json", "model*.safetensors", "model.safetensors.index.json",
             "tokenizer.json", "tokenizer.model", "processor_config.json"]
 MODEL_TYPES = ("nemotron_asr_streaming", "nemotron3_5_asr")  # English seed; Nemotron 3.5
-# (and mlx-audio's `nemotron_asr` layout of either, read through layouts.py)
+# (and mlx-audio's `nemotron_asr` layout of either, read through weights.py)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
@@ -151,6 +167,23 @@ class NemotronStreaming(StreamingASR):
         return transcribe_with(session, audio, sample_rate, progress)
 
 
+# streaming latency -> right context (frames): the seed model's modes and 320 ms (r = 3)
+LATENCY_MS_35 = {1120: 13, 560: 6, 320: 3, 160: 1, 80: 0}
+
+
+class Nemotron35Streaming(NemotronStreaming):
+    """A loaded Nemotron 3.5 model: `languages` is its checkpoint's (the class attribute: the
+    release's, for checks before a load); sessions and `transcribe` take `language=`."""
+
+    name = "Nemotron 3.5 streaming speech-to-text"
+    # the seed model's modes and 320 ms (a checkpoint may support fewer: its sessions say)
+    latency = Latency("Nemotron 3.5's latency", 1120, {"minimal": 80, "low": 160, "medium": 560,
+                                                       "high": 1120, "xhigh": 1120},
+                      choices_ms=tuple(sorted(LATENCY_MS_35)))
+    languages = tuple(sorted(release_prompts(), key=str.lower))
+    spoken = release_codes()
+
+
 def _read_tokenizer(folder: Path) -> SentencePieceDecoder:
     for name in TOKENIZER_FILES:
         if (folder / name).exists():
@@ -234,9 +267,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None, quantize: int | None =
     fill(model, weights, path, converted=converted,
          remap=remap_nemo_mlx if nemo_mlx else remap, dtype=dtype, quantize=quantize,
          group_size=group_size, keep=keep_high_precision,
-         declared=quant.declared(c) if nemo_mlx else None)
+         declared=quantization_declared(c) if nemo_mlx else None)
     if config.num_prompts:
-        from .multilingual import Nemotron35Streaming
-
         return Nemotron35Streaming(model, tokenizer, config, language)
     return NemotronStreaming(model, tokenizer, config, language)

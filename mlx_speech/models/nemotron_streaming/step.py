@@ -1,30 +1,145 @@
-"""Nemotron's batched step (through the one stepper, `models/stepper.py`): sessions with
-audio ready advance in shared encoder calls and one RNN-T greedy loop over all of them.
+"""Nemotron's streaming session and its batched step (through the one stepper,
+`models/stepper.py`): sessions with audio ready advance in shared encoder calls and one RNN-T
+greedy loop over all of them.
 
-A tick (`Steps.run`) splits each session's new mel into bounded pieces; piece k of every
-session runs in round k, one encoder call per group of sessions whose streaming state has
-the same shape (same piece length, latency mode, conv-buffer fill, pending frames and
-attention-cache fill: in a live server, every session fed whole frames after its first
-seconds). The greedy loop then runs over the group with per-row frame pointers, symbol
+A tick (`Steps.run`, from the owner's feed_many) splits each session's new mel into bounded
+pieces; piece k of every session runs in round k, one encoder call per group of sessions whose
+streaming state has the same shape (same piece length, latency mode, conv-buffer fill, pending
+frames and attention-cache fill: in a live server, every session fed whole frames after its
+first seconds). The greedy loop then runs over the group with per-row frame pointers, symbol
 counts and masked predictor updates. A lone session is a batch of one (the same code).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 
-from ...nn import ConvCache, sampling
-from ...nn import boost as _boost
-from ...nn.compiled import CompiledStep, enabled
+from ...nn import (
+    CompiledStep,
+    ConvCache,
+    boost_bias,
+    chosen_logprob,
+    compile_enabled,
+    greedy_transducer,
+)
+from ...text import StreamingDecoder
+from .. import asr
+from ..asr import TokenLogprobs, Word, drain_cut, group_words
+from ..nemo import StreamingNemoLogMel
 from ..stepper import Batch, Stepper
-from .encoder import ContextKVCache, EncoderState, StridedConvCache
-from .session import Session
-from .transducer import DecoderState, Model
+from .config import FRAME_MS
+from .model import ContextKVCache, DecoderState, EncoderState, Model, StridedConvCache
 
+if TYPE_CHECKING:
+    from ...text import Vocabulary
+    from . import NemotronStreaming
+
+
+@dataclass
+class Transcript(asr.Transcript):
+    frames: list[int] = field(default_factory=list)  # encoder frame (80 ms) of each token
+
+
+def words_from_tokens(ids: list[int], frames: list[int], tokenizer,
+                      audio_s: float | None = None) -> list[Word]:
+    """A word starts at a piece with a leading space; it spans its tokens' frames (within the
+    `audio_s` seconds of audio given)."""
+    sec = FRAME_MS / 1000
+    return group_words(((tokenizer.token_bytes(t), f * sec, (f + 1) * sec, False)
+                        for t, f in zip(ids, frames, strict=True)), audio_s)
+
+
+class Session:
+    """Feed 16 kHz mono float32 audio in any chunk sizes; get text as it is decoded.
+
+    Tokens equal offline transcription for any chunking and from the first
+    chunk on: the mel frames, the subsampling, the block-aligned attention and
+    the predictor all carry exact state. Work per chunk is bounded.
+    """
+
+    def __init__(self, owner: NemotronStreaming, latency_ms: int | None = None,
+                 vocabulary: Vocabulary | None = None, logprobs: bool = False,
+                 language: str | None = None):
+        self.owner, self.model = owner, owner.model
+        # the language prompt's name and slot (None, None: a model without one)
+        self.language, self.prompt = owner.resolve_language(language)
+        self._detected: str | None = None  # the last language tag drained
+        self.lp = TokenLogprobs() if logprobs else None  # the joint's log-softmax per token
+        self.booster = owner.booster(vocabulary)  # phrase boosting walk, or None
+        cfg = owner.config
+        self.right_context = cfg.right_context(latency_ms)
+        self.latency_ms = (self.right_context + 1) * FRAME_MS
+        self.mel = StreamingNemoLogMel(owner.features)
+        self.enc_state = self.model.encoder.make_state(self.right_context)
+        self.dec_state = self.model.make_decoder_state()
+        self.token_ids: list[int] = []  # since the last drain()
+        self.frames: list[int] = []
+        self.n_frames = 0  # encoder frames decoded so far
+        self.finished = False
+        self.done = False  # RNN-T has no end-of-stream token; same interface as Voxtral
+        self.detok = StreamingDecoder(owner.tokenizer)
+
+    def feed(self, samples: np.ndarray) -> str:
+        """Append 16 kHz mono samples; returns the text decoded since the last call."""
+        return self.owner.feed_many([(self, samples)])[0]
+
+    def finish(self) -> str:
+        """End of audio: flush the last frames exactly as offline and the text."""
+        return self.owner.finish_many([self])[0]
+
+    @property
+    def seconds(self) -> float:
+        return self.mel.n_samples / self.owner.sample_rate
+
+    @property
+    def detected_language(self) -> str | None:
+        """The language the model names in its last tag (`auto`, or a model that tags what it
+        hears), else the locale of the session's language; None: not known (yet)."""
+        tags = self.owner.language_tags
+        for t in reversed(self.token_ids):
+            if t in tags:
+                return tags[t]
+        if self._detected is not None:
+            return self._detected
+        return None if self.language is None else self.owner.languages_info.locale(self.language)
+
+    def result(self) -> Transcript:
+        """Everything decoded (since the last `drain`): text, ids, words, token times."""
+        tk = self.owner.tokenizer
+        return Transcript(tk.decode(self.token_ids), list(self.token_ids),
+                          words_from_tokens(self.token_ids, self.frames, tk, self.seconds),
+                          [f * FRAME_MS / 1000 for f in self.frames],
+                          None if self.lp is None else list(self.lp.values),
+                          self.detected_language, frames=list(self.frames))
+
+    def drain(self) -> Transcript:
+        """The transcript decoded so far, then forgotten, so a session that runs for days
+        holds constant memory: every token before the last word, which may still grow (its
+        tokens stay for the next drain or `result`). Texts are the pieces' bytes, unstripped,
+        so drained texts join without losing the spaces between words."""
+        tk = self.owner.tokenizer
+        cut = drain_cut(self.token_ids, tk.token_bytes)
+        ids, frames = self.token_ids[:cut], self.frames[:cut]
+        del self.token_ids[:cut], self.frames[:cut]
+        lps = None
+        if self.lp is not None:
+            lps = self.lp.values[:cut]
+            del self.lp.values[:cut]
+        tags = self.owner.language_tags
+        self._detected = next((tags[t] for t in reversed(ids) if t in tags), self._detected)
+        language = self.detected_language
+        text = b"".join(tk.token_bytes(t) for t in ids).decode("utf-8", "replace")
+        return Transcript(text, ids, words_from_tokens(ids, frames, tk, self.seconds),
+                          [f * FRAME_MS / 1000 for f in frames], lps, language, frames=frames)
+
+
+# -- the batched step --------------------------------------------------------------------------
 MAX_MEL_PER_CALL = 800  # bounds one encoder call (a big feed is split): 8 s of audio
 
 
@@ -114,8 +229,8 @@ def joint_round(model: Model, frames: mx.array, g: mx.array, bias: mx.array | No
     """One greedy round's joint: projected frames (B, T, dim) and predictor outputs (B, dim)
     -> the chosen token of every (row, frame) and, when `want_lp`, its log-probability."""
     logits = model.joint(frames, g[:, None])
-    ks = sampling.greedy_transducer(logits, bias, model.config.blank_id)
-    return ks, sampling.chosen_logprob(logits, ks) if want_lp else None
+    ks = greedy_transducer(logits, bias, model.config.blank_id)
+    return ks, chosen_logprob(logits, ks) if want_lp else None
 
 
 def predict(model: Model, emit: mx.array, g: mx.array, h: list[mx.array], c: list[mx.array],
@@ -158,7 +273,7 @@ def greedy_decode(model: Model, frames: mx.array, state: DecoderState, boosters=
     n = np.zeros(B, np.int64)  # symbols emitted at that frame so far
     while t.min() < T:
         t0 = int(t.min())
-        bias = _boost.bias(boosters, blank) if boosters else None
+        bias = boost_bias(boosters, blank) if boosters else None
         want_lp = logprobs is not None
         ks, lp = joint((B, T - t0, bias is None, want_lp), frames[:, t0:], state.g, bias,
                        want_lp)
@@ -213,7 +328,7 @@ class Steps:
                 kv: list[ContextKVCache], conv: list[ConvCache]) -> mx.array:
         """The encoder's conformer layers over a chunk, as one compiled graph (the caches
         in and out) once every cache holds state (a stream's first chunk runs plainly)."""
-        if not enabled() or kv[0].keys is None or any(c.tail is None for c in conv):
+        if not compile_enabled() or kv[0].keys is None or any(c.tail is None for c in conv):
             return self.model.encoder.run_layers(x, pos_keys, mask, kv, conv)
         key = (x.shape, None if mask is None else mask.shape, kv[0].keys.shape,
                conv[0].tail.shape)

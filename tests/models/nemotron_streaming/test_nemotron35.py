@@ -16,9 +16,8 @@ import pytest
 
 import mlx_speech
 from mlx_speech.errors import CheckpointError, MlxSpeechError
-from mlx_speech.models.nemotron_streaming import languages as lang
-from mlx_speech.models.nemotron_streaming import load
-from mlx_speech.models.nemotron_streaming.multilingual import Nemotron35Streaming
+from mlx_speech.models.nemotron_streaming import Nemotron35Streaming, load
+from mlx_speech.models.nemotron_streaming import config as lang
 from tests.support import nemo as nemo_helpers
 from tests.support.nemo import transformers_features
 

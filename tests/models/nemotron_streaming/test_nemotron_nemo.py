@@ -91,7 +91,7 @@ def test_bf16_and_strided_tensors_round_trip():
 
 
 def test_unsupported_nemo_settings_are_named(tmp_path):
-    from mlx_speech.models.nemotron_streaming.nemo import hf_config
+    from mlx_speech.models.nemotron_streaming.weights import hf_config
 
     hf = json.loads((GOLDEN / "config.json").read_text())
     cfg = nemo_config(hf)

@@ -323,7 +323,7 @@ def test_fresh_audio_against_transformers(nm):
 
 
 def test_words_carry_token_times(nm, tmp_path):
-    from mlx_speech.models.nemotron_streaming.session import words_from_tokens
+    from mlx_speech.models.nemotron_streaming.step import words_from_tokens
     from mlx_speech.text.spm import SentencePieceDecoder
 
     tj = {"model": {"type": "BPE", "vocab": {"<unk>": 0, "\u2581he": 1, "llo": 2, "\u2581w": 3,
