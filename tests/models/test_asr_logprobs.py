@@ -9,6 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_speech.models.nemotron_streaming import step as nemotron_step
+from mlx_speech.models.voxtral_realtime import step as vr_step
 from mlx_speech.nn import compiled, sampling
 from tests.conftest import speechlike
 
@@ -69,7 +71,7 @@ def test_voxtral_logprobs_are_the_models_log_softmax(vr_model, monkeypatch):
         seen.append((np.array(logits.astype(mx.float32)), np.array(out)))
         return out
 
-    monkeypatch.setattr(sampling, "greedy", spy)
+    monkeypatch.setattr(vr_step, "greedy", spy)  # the name Voxtral's step chooses with
     r = vr_model.transcribe(a, logprobs=True)
     assert r.token_ids == plain.token_ids and plain.logprobs is None
     ref = [_log_softmax(lg[0])[int(c[0])] for lg, c in seen][: len(r.token_ids)]
@@ -81,10 +83,8 @@ def test_nothing_is_computed_when_not_asked(vr_model, nemotron, monkeypatch):
     compiled.reset()  # compiled steps trace again: the spy sees what each graph computes
     calls = []
     real = sampling.chosen_logprob
-    monkeypatch.setattr(sampling, "chosen_logprob", lambda *a: calls.append(1) or real(*a))
-    # Nemotron's step takes the name from the nn face
-    monkeypatch.setattr("mlx_speech.models.nemotron_streaming.step.chosen_logprob",
-                        lambda *a: calls.append(1) or real(*a))
+    for step in (vr_step, nemotron_step):  # where each family's step takes the name
+        monkeypatch.setattr(step, "chosen_logprob", lambda *a: calls.append(1) or real(*a))
     vr_model.transcribe(speechlike(1.0))
     nemotron.transcribe(speechlike(1.0))
     assert calls == []
