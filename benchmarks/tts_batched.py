@@ -77,9 +77,8 @@ def params(c: dict) -> dict:
 def build(c: dict, folder: Path, dtype: mx.Dtype):
     """A random in-memory model with the real code paths (tokenizer and voice from files)."""
     from mlx_speech.models.voxtral_tts import VoxtralTTS
-    from mlx_speech.models.voxtral_tts.config import VoxtralTTSConfig
+    from mlx_speech.models.voxtral_tts.config import Voices, VoxtralTTSConfig
     from mlx_speech.models.voxtral_tts.model import Model
-    from mlx_speech.models.voxtral_tts.voices import Voices
     from mlx_speech.text.tekken import Tekken
 
     mx.random.seed(0)

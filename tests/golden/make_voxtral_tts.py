@@ -10,7 +10,7 @@ fp16-representable and stored as fp16; mlx-audio runs them in fp32.
 
 Noise: mlx-audio draws one un-keyed `mx.random.normal((1, n_acoustic))` per frame
 after `mx.random.seed(seed)`; we check that equals the keyed split scheme of
-mlx_speech.models.voxtral_tts.generate and store it too.
+mlx_speech.models.voxtral_tts.step (draw_noise) and store it too.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def test_duplex_session_steps(kernels, tmp_path):
 
 def test_voxtral_tts_stream_and_codec_chunks(kernels):
     import mlx_speech.models.voxtral_tts as vt
-    from mlx_speech.models.voxtral_tts.generate import CodecStream
+    from mlx_speech.models.voxtral_tts.session import CodecStream
     from tests.support.voxtral import TTS_CKPT as CKPT
     from tests.support.voxtral import random_codes as _random_codes
 

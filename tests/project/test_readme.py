@@ -189,7 +189,7 @@ def _wav(name):
 
 
 def _voices(r, place):
-    from mlx_speech.models.voxtral_tts.voices import DEFAULT_VOICE
+    from mlx_speech.models.voxtral_tts import DEFAULT_VOICE
 
     assert DEFAULT_VOICE in r.stdout.split() or r.stdout.strip()
 

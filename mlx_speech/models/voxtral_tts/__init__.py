@@ -9,10 +9,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ...audio.clip import Audio
+from ...audio import Audio
 from ...errors import CheckpointError, MlxSpeechError
-from ...nn.compiled import CompiledStep
-from ...text.tekken import Tekken
+from ...nn import CompiledStep
+from ...text import Tekken
 from ..base import parameter_bytes
 from ..loading import (
     declared_quantization,
@@ -21,13 +21,11 @@ from ..loading import (
     parameter_names,
     read_weights,
 )
-from .config import VoxtralTTSConfig
-from .model import Model
+from .config import DEFAULT_VOICE, Voices, VoxtralTTSConfig
+from .model import Model, check_keys, remap
 from .session import MAX_FRAMES, PAUSE_S, Session, default_max_frames, step_many
 from .step import frame_codes, frame_step
 from .text import CLAUSE_WORDS, SEGMENT_CHARS, normalize, split_sentences
-from .voices import DEFAULT_VOICE, Voices
-from .weights import check_keys, remap
 
 __all__ = ["CLAUSE_WORDS", "DEFAULT_VOICE", "MAX_FRAMES", "PAUSE_S", "Session", "VoxtralTTS",
            "default_max_frames", "keep_high_precision", "load", "normalize", "weight_patterns"]

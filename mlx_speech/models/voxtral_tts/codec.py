@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.conv import conv_transpose
-from ...nn.transformer import FeedForward
+from ...nn import FeedForward, conv_transpose
 from .config import N_SPECIAL, CodecConfig
 
 _BLOCK = 64  # query block length of the local attention

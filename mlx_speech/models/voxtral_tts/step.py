@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from ...nn.cache import fixed_shapes, stack_rows
+from ...nn import fixed_shapes, stack_rows
 from .config import END_AUDIO
 from .model import Model
 

@@ -280,7 +280,7 @@ def test_codec_stream_equals_offline(tts):
     codec = tts.model.audio_tokenizer
     codes = _random_codes(45)
     offline = np.array(codec(mx.array(codes)[None])[0])
-    from mlx_speech.models.voxtral_tts.generate import CodecStream
+    from mlx_speech.models.voxtral_tts.session import CodecStream
 
     for first, every in [(1, 1), (4, 7), (3, 16)]:
         s = CodecStream(codec, first, every)
