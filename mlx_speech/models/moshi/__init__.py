@@ -1,6 +1,6 @@
 """Kyutai Moshi and NVIDIA PersonaPlex: full-duplex speech-to-speech (Mimi + LM + depformer).
 
-    d = mlx_speech.models.moshi.load("kyutai/moshiko-pytorch-bf16")   # or a folder
+    d = mlx_speech.load("kyutai/moshiko-pytorch-bf16")   # or a folder
     s = d.session()                                   # PersonaPlex: voice="NATF2", role="..."
     pcm, text = s.step(user_pcm)                      # 1920 samples at 24 kHz in and out
 
@@ -22,10 +22,10 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import CheckpointError, MlxSpeechError
-from ...hub import read_json
-from ...nn import quant
+from ...nn import quantization_declared
+from ...text import TextTokenizer
 from ..base import parameter_bytes
-from ..loading import fill, load_safetensors, read_weights
+from ..loading import fill, load_safetensors, read_json, read_weights
 from .config import (
     PERSONAPLEX_MLX_FILES,
     CheckpointFiles,
@@ -34,11 +34,9 @@ from .config import (
     personaplex_mlx_kwargs,
 )
 from .gen import CompiledLm, KyutaiGen, PersonaPlexGen, Sampling, StepOut
-from .lm import LM, LmState
-from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
-from .session import DEFAULT_USER_LAG, DuplexSession
-from .tokenizer import TextTokenizer
-from .weights import (
+from .lm import (
+    LM,
+    LmState,
     depformer_steps,
     from_moshi_mlx,
     gated_hidden,
@@ -46,6 +44,8 @@ from .weights import (
     personaplex_mlx_weights,
     remap,
 )
+from .personaplex import VoicePrompt, list_voices, load_voice, voice_dir
+from .session import DEFAULT_USER_LAG, DuplexSession
 
 __all__ = ["DEFAULT_USER_LAG", "LM", "CheckpointFiles", "DuplexSession", "GenConfig",
            "KyutaiGen", "LmConfig", "LmState", "Moshi", "PersonaPlexGen", "Sampling", "StepOut",
@@ -56,8 +56,7 @@ DEFAULT_VOICE = "NATF0"  # PersonaPlex's web UI default
 
 def weight_patterns(folder: Path) -> list[str]:
     """The files a (Kyutai or PersonaPlex) repo's config names, plus PersonaPlex's voices."""
-    cfg = Path(folder) / "config.json"
-    raw = read_json(cfg) if cfg.exists() else None
+    raw = read_json(Path(folder) / "config.json", required=False)
     if raw is not None and raw.get("model_type") == "personaplex":
         return [*PERSONAPLEX_MLX_FILES.values(), "voices/*", "voices.tgz"]
     files = CheckpointFiles.from_config(raw)
@@ -117,7 +116,7 @@ class Moshi:
         checkpoint (from its config), and a voice name must be one of its voices (once they are
         there: a hub repo's come with its weights)."""
         folder = Path(folder)
-        raw = read_json(folder / "config.json") if (folder / "config.json").exists() else None
+        raw = read_json(folder / "config.json", required=False)
         if raw is not None and raw.get("model_type") == "personaplex":
             lm = personaplex_mlx_kwargs(raw)
         else:
@@ -196,7 +195,7 @@ class Moshi:
     def respond(self, user_audio: np.ndarray, **session_kwargs) -> tuple[np.ndarray, str]:
         """Offline: run a whole clip (float32 mono at `sample_rate`) through one session's step
         loop, the last frame zero-padded; returns the model's audio (same length) and text."""
-        from ...audio.io import check_audio
+        from ...audio import check_audio
 
         x = check_audio(user_audio, "user_audio")
         F = self.frame_size
@@ -228,16 +227,15 @@ def kyutai_declared(name: str) -> dict | None:
 
 def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
          quantize: int | None = None, group_size: int = 64) -> Moshi:
-    """Load a Kyutai / PersonaPlex folder (or hub repo id). `dtype`: LM dtype (default: as
-    stored, bf16 for released files); Mimi always runs in float32. Quantized LM files
-    (Kyutai's moshi_mlx `model.q4` / `model.q8`) load as they are; `quantize` (4, 6 or 8 bits,
-    group `group_size`; Kyutai's q4 is group 32) quantizes a full-precision LM on the fly."""
-    from ...hub import resolve
+    """Load a Kyutai / PersonaPlex folder (`mlx_speech.load` also takes a hub repo id).
+    `dtype`: LM dtype (default: as stored, bf16 for released files); Mimi always runs in
+    float32. Quantized LM files (Kyutai's moshi_mlx `model.q4` / `model.q8`) load as they are;
+    `quantize` (4, 6 or 8 bits, group `group_size`; Kyutai's q4 is group 32) quantizes a
+    full-precision LM on the fly."""
     from .. import mimi as mimi_pkg
 
-    folder = resolve(folder, lambda model_type, f: weight_patterns(f), check=_moshi_type)
-    cfg_path = folder / "config.json"
-    raw = read_json(cfg_path) if cfg_path.exists() else None
+    folder = Path(folder).expanduser()
+    raw = read_json(folder / "config.json", required=False)
     if raw is not None and raw.get("model_type") == "personaplex":
         return _load_personaplex_mlx(folder, raw, dtype, quantize, group_size)
     files = CheckpointFiles.from_config(raw)
@@ -272,12 +270,6 @@ def load(folder: str | os.PathLike, dtype: mx.Dtype | None = None,
     return Moshi(lm, mimi, tok, GenConfig.from_dict(files.lm_gen), voices)
 
 
-def _moshi_type(model_type: str, folder=None) -> None:
-    """A hub repo's type, checked before its weights are downloaded."""
-    if model_type not in ("moshi", "personaplex"):
-        raise CheckpointError(f"a {model_type!r} checkpoint is not a Moshi / PersonaPlex model")
-
-
 def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) -> Moshi:
     """The community PersonaPlex MLX layout (aufklarer/PersonaPlex-7B-MLX-4bit, -8bit): split
     temporal / depformer / embeddings files (quantized parts as `quantization` says), the
@@ -295,7 +287,7 @@ def _load_personaplex_mlx(folder: Path, raw: dict, dtype, quantize, group_size) 
     merged = personaplex_mlx_weights(parts)
     for part in parts.values():
         part.clear()
-    lm = build_lm(config, merged, folder, dtype, quantize, group_size, quant.declared(raw))
+    lm = build_lm(config, merged, folder, dtype, quantize, group_size, quantization_declared(raw))
     try:
         mimi = mimi_pkg.load(paths["mimi"], num_codebooks=max(config.n_agent, config.n_user))
     except ValueError as e:

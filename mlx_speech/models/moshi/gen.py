@@ -27,9 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import CheckpointError
-from ...nn.cache import RingStep, fixed_shapes, ring_mask_kind
-from ...nn.compiled import CompiledStep, enabled
-from ...nn.sampling import sample
+from ...nn import CompiledStep, RingStep, compile_enabled, fixed_shapes, ring_mask_kind, sample
 from .config import GenConfig, LmConfig
 from .lm import LmState
 
@@ -156,7 +154,7 @@ class _GenBase:
         """The temporal step over input tokens [B, K, 1]: (z, text logits); compiled once
         the rings hold slots (the first step allocates them plainly)."""
         main = self.state.main
-        n = [c.prepare(1) for c in main.layers][0] if enabled() else None
+        n = [c.prepare(1) for c in main.layers][0] if compile_enabled() else None
         if n is None:
             return self.lm.forward_tokens(x, self.state)
         kind = ring_mask_kind([main.offset], 1, n, main.capacity, main.window)
@@ -176,7 +174,7 @@ class _GenBase:
         s = self.sampling
         keys = [self.rng.next() if s.temp > 0 else None for _ in range(n_run)]
         forced = list(forced[:n_run])
-        if enabled() and n_run:
+        if compile_enabled() and n_run:
             key = (z.shape, n_run, tuple(f is None for f in forced), s.temp > 0, s.temp,
                    s.top_k, fixed_shapes())
             return self.steps.depformer(key, z, text, keys, forced, s.temp, s.top_k,

@@ -128,7 +128,7 @@ def test_loudness_matches_pyloudnorm(sr):
 
 def test_spm_encoder_matches_sentencepiece(tmp_path):
     spm = pytest.importorskip("sentencepiece")
-    from mlx_speech.models.moshi.tokenizer import TextTokenizer
+    from mlx_speech.models.moshi import TextTokenizer
 
     text = (GOLDEN.parent.parent.parent / "README.md").read_text(encoding="utf-8")
     lines = [ln for ln in text.splitlines() if ln.strip()][:300]

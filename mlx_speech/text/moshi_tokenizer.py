@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from ...errors import CheckpointError
-from ...text.protobuf import fields
-from ...text.spm import (
+from ..errors import CheckpointError
+from .protobuf import fields
+from .spm import (
     BYTE,
     CONTROL,
     NORMAL,
