@@ -8,9 +8,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...hub import MIMI_FILE, read_json
-from ..loading import fill, read_weights
-from .config import MimiConfig, QuantizerConfig, SeanetConfig
+from ..loading import fill, read_json, read_weights
+from .config import MIMI_FILE, MimiConfig, QuantizerConfig, SeanetConfig
 from .model import DecoderState, EncoderState, Mimi, MimiState
 from .weights import remap
 
@@ -21,11 +20,7 @@ __all__ = ["DecoderState", "EncoderState", "Mimi", "MimiConfig", "MimiState",
 def _find(path: Path) -> tuple[Path, dict | None]:
     if path.is_file():
         return path, None
-    if not path.is_dir():
-        from ...hub import resolve
-
-        path = resolve(str(path), lambda kind, folder: [MIMI_FILE])
-    cfg = read_json(path / "config.json") if (path / "config.json").exists() else {}
+    cfg = read_json(path / "config.json", required=False) or {}
     name = cfg.get("mimi_name", MIMI_FILE)
     if not (path / name).exists():
         raise CheckpointError(f"{path} has no Mimi weights ({name})")
@@ -36,7 +31,7 @@ def _find(path: Path) -> tuple[Path, dict | None]:
 
 def load(path_or_folder: str | os.PathLike, config: MimiConfig | dict | None = None,
          num_codebooks: int = 8, dtype: mx.Dtype | None = None) -> Mimi:
-    """Mimi from a safetensors file, a folder holding one (Kyutai layout) or a hub repo id.
+    """Mimi from a safetensors file or a folder holding one (Kyutai layout).
 
     `config`: a MimiConfig or Kyutai's Mimi json dict; default the released mimi_202407.
     Weights are memory-mapped; every checkpoint key must map to a parameter and vice versa.

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ...nn.moshi_transformer import TransformerConfig
+from ...nn import TransformerConfig
+
+MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # in Kyutai repos (as hub.MIMI_FILE)
 
 
 def _known(cls, d: dict) -> dict:

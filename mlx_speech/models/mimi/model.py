@@ -19,8 +19,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.conv import CausalConv1d, CausalConvTranspose1d, ConvCache, ConvTrCache
-from ...nn.moshi_transformer import Transformer, TransformerState
+from ...nn import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ConvCache,
+    ConvTrCache,
+    Transformer,
+    TransformerState,
+)
 from .config import MimiConfig, MimiTransformerConfig
 from .quantizer import SplitResidualVQ
 from .seanet import SeanetDecoder, SeanetEncoder

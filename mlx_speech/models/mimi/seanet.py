@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...nn.conv import CausalConv1d, CausalConvTranspose1d, ConvCache, ConvTrCache
+from ...nn import CausalConv1d, CausalConvTranspose1d, ConvCache, ConvTrCache
 from .config import SeanetConfig
 
 

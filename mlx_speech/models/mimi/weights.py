@@ -15,7 +15,7 @@ import re
 import mlx.core as mx
 
 from ...errors import CheckpointError
-from ...nn.moshi_transformer import remap_checkpoint
+from ...nn import remap_checkpoint
 from .config import MimiConfig
 
 _CONV = re.compile(r"^(?P<pre>.*)\.conv\.conv\.(?P<p>weight|bias)$")
