@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from ...errors import CheckpointError
+from ..mimi.config import MIMI_FILE
 
 MOSHI_NAME = "model.safetensors"
-MIMI_NAME = "tokenizer-e351c8d8-checkpoint125.safetensors"
+MIMI_NAME = MIMI_FILE  # Mimi's weights beside the LM in Kyutai's repos
 TOKENIZER_NAME = "tokenizer_spm_32k_3.model"
 
 # Moshi 7B (moshiko / moshika); PersonaPlex is the same with dep_q 16 (taken from its weights).

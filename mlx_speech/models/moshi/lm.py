@@ -264,11 +264,3 @@ def personaplex_mlx_weights(parts: dict[str, dict[str, mx.array]]) -> dict[str, 
                 raise CheckpointError(f"{key} appears twice in the split PersonaPlex files")
             out[name] = w
     return out
-
-
-def check_config(config: LmConfig, weights: dict[str, mx.array]) -> None:
-    """The config's dep_q must match the heads in the file (PersonaPlex has 16)."""
-    n = depformer_steps(weights)
-    if n != config.dep_q:
-        raise CheckpointError(f"config says dep_q={config.dep_q} but the weights have {n} "
-                              "depformer heads")
