@@ -30,14 +30,14 @@ from .moshi_transformer import (
 from .quant import declared as quantization_declared
 from .quant import dense_weight, param_name
 from .sampling import chosen_logprob, greedy, greedy_transducer, sample
-from .transformer import Attention, Block, FeedForward, KVCache, heads
+from .transformer import HF_BLOCK_NAMES, Attention, Block, FeedForward, KVCache, heads
 
 __all__ = [
     "Attention", "Block", "CausalConv1d", "CausalConvTranspose1d", "CompiledStep",
-    "ConformerLayer", "ConvCache", "ConvTrCache", "FeedForward", "KVCache", "RMSNorm", "RingBatch",
-    "RingRow", "RingStep", "SlidingKVCache", "Transformer", "TransformerConfig",
-    "TransformerState", "boost_bias", "chosen_logprob", "compile_enabled", "conv_transpose",
-    "dense_weight", "fixed_shapes", "greedy", "greedy_transducer", "heads", "param_name",
-    "quantization_declared", "rel_positions", "remap_checkpoint", "ring_mask_kind", "sample",
-    "stack_rows", "window_mask", "write_start",
+    "ConformerLayer", "ConvCache", "ConvTrCache", "FeedForward", "HF_BLOCK_NAMES", "KVCache",
+    "RMSNorm", "RingBatch", "RingRow", "RingStep", "SlidingKVCache", "Transformer",
+    "TransformerConfig", "TransformerState", "boost_bias", "chosen_logprob", "compile_enabled",
+    "conv_transpose", "dense_weight", "fixed_shapes", "greedy", "greedy_transducer", "heads",
+    "param_name", "quantization_declared", "rel_positions", "remap_checkpoint",
+    "ring_mask_kind", "sample", "stack_rows", "window_mask", "write_start",
 ]

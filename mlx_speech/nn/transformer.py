@@ -13,6 +13,20 @@ import mlx.nn as nn
 
 from .cache import fixed_shapes
 
+# transformers' names of a Mistral block's parameters -> `Block`'s (Mistral's own): the rules a
+# checkpoint's key goes through (re.sub, in order) when it comes in transformers' layout
+HF_BLOCK_NAMES = [
+    (r"\.self_attn\.q_proj\.", ".attention.wq."),
+    (r"\.self_attn\.k_proj\.", ".attention.wk."),
+    (r"\.self_attn\.v_proj\.", ".attention.wv."),
+    (r"\.self_attn\.o_proj\.", ".attention.wo."),
+    (r"\.input_layernorm\.", ".attention_norm."),
+    (r"\.post_attention_layernorm\.", ".ffn_norm."),
+    (r"\.mlp\.gate_proj\.", ".feed_forward.w1."),
+    (r"\.mlp\.up_proj\.", ".feed_forward.w3."),
+    (r"\.mlp\.down_proj\.", ".feed_forward.w2."),
+]
+
 
 class KVCache:
     """Keys/values of every position so far, grown in power-of-two steps (no window).

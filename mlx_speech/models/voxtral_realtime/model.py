@@ -25,8 +25,17 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import CheckpointError
+from ...nn import (
+    HF_BLOCK_NAMES,
+    CausalConv1d,
+    ConvCache,
+    RingBatch,
+    RingRow,
+    dense_weight,
+    param_name,
+    window_mask,
+)
 from ...nn import Block as _Block
-from ...nn import CausalConv1d, ConvCache, RingBatch, RingRow, dense_weight, param_name, window_mask
 from ..loading import raise_missing
 from .config import EncoderConfig, VoxtralRealtimeConfig
 
@@ -213,17 +222,9 @@ _HF_RULES = [
     (r"^language_model\.(model\.)?embed_tokens\.", "tok_embeddings."),
     (r"^language_model\.(model\.)?norm\.", "norm."),
     (r"^language_model\.(model\.)?layers\.", "layers."),
-    (r"\.self_attn\.q_proj\.", ".attention.wq."),
-    (r"\.self_attn\.k_proj\.", ".attention.wk."),
-    (r"\.self_attn\.v_proj\.", ".attention.wv."),
-    (r"\.self_attn\.o_proj\.", ".attention.wo."),
+    *HF_BLOCK_NAMES,
     (r"\.self_attn_layer_norm\.", ".attention_norm."),
     (r"\.final_layer_norm\.", ".ffn_norm."),
-    (r"\.input_layernorm\.", ".attention_norm."),
-    (r"\.post_attention_layernorm\.", ".ffn_norm."),
-    (r"\.mlp\.gate_proj\.", ".feed_forward.w1."),
-    (r"\.mlp\.up_proj\.", ".feed_forward.w3."),
-    (r"\.mlp\.down_proj\.", ".feed_forward.w2."),
     (r"\.ada_rms_norm\.linear1\.", ".ada_rms_norm_t_cond.0."),
     (r"\.ada_rms_norm\.linear2\.", ".ada_rms_norm_t_cond.2."),
 ]

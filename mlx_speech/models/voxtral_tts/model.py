@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import CheckpointError
-from ...nn import Block, KVCache, heads, param_name
+from ...nn import HF_BLOCK_NAMES, Block, KVCache, heads, param_name
 from ..loading import raise_missing
 from .codec import Codec
 from .config import N_SPECIAL, AcousticConfig, VoxtralTTSConfig
@@ -241,15 +241,7 @@ _MLXA = [
     (r"^language_model\.model\.(model\.)?embed_tokens\.", "tok_embeddings."),
     (r"^language_model\.model\.(model\.)?norm\.", "norm."),
     (r"^language_model\.model\.(model\.)?layers\.", "layers."),
-    (r"\.self_attn\.q_proj\.", ".attention.wq."),
-    (r"\.self_attn\.k_proj\.", ".attention.wk."),
-    (r"\.self_attn\.v_proj\.", ".attention.wv."),
-    (r"\.self_attn\.o_proj\.", ".attention.wo."),
-    (r"\.mlp\.gate_proj\.", ".feed_forward.w1."),
-    (r"\.mlp\.down_proj\.", ".feed_forward.w2."),
-    (r"\.mlp\.up_proj\.", ".feed_forward.w3."),
-    (r"\.input_layernorm\.", ".attention_norm."),
-    (r"\.post_attention_layernorm\.", ".ffn_norm."),
+    *HF_BLOCK_NAMES,
 ]
 _DROP = re.compile(r"^(output\.weight|language_model\.(model\.)?lm_head\.weight)$")
 _INV_FREQ = re.compile(r"^acoustic_transformer\.(_)?time_embedding\.inv_freq$")
