@@ -210,16 +210,9 @@ def load_diarizer(name: str | Path | None = None, **kwargs):
 def transcribe(asr, audio, diarizer, sample_rate: int = 16000, **asr_kwargs
                ) -> DiarizedTranscript:
     """Transcribe with `asr` (any ASR family) and label every word with its speaker."""
-    from .audio.io import check_audio, load_audio
+    from .audio.io import audio_at
 
-    if isinstance(audio, (str, Path)):
-        audio, _ = load_audio(audio, asr.sample_rate)
-    else:
-        audio = check_audio(audio)
-        if sample_rate != asr.sample_rate:
-            from .audio.resample import resample
-
-            audio = resample(audio, sample_rate, asr.sample_rate)
+    audio = audio_at(audio, asr.sample_rate, sample_rate)
     result = asr.transcribe(audio, asr.sample_rate, **asr_kwargs)
     return diarize_result(result, audio, diarizer)
 

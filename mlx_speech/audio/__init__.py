@@ -2,6 +2,7 @@ from mlx_speech.audio.clip import Audio
 from mlx_speech.audio.io import (
     WRITE_FORMATS,
     atomic_output,
+    audio_at,
     check_audio,
     check_writable,
     load_audio,
@@ -11,5 +12,6 @@ from mlx_speech.audio.io import (
 from mlx_speech.audio.mel import LogMel, StreamingLogMel
 from mlx_speech.audio.resample import resample
 
-__all__ = ["WRITE_FORMATS", "Audio", "LogMel", "StreamingLogMel", "atomic_output", "check_audio",
-           "check_writable", "load_audio", "output_format", "resample", "write_audio"]
+__all__ = ["WRITE_FORMATS", "Audio", "LogMel", "StreamingLogMel", "atomic_output", "audio_at",
+           "check_audio", "check_writable", "load_audio", "output_format", "resample",
+           "write_audio"]

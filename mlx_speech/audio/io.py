@@ -74,6 +74,15 @@ def load_audio(
     return out[:n], rate
 
 
+def audio_at(audio, rate: int, sample_rate: int | None = None) -> np.ndarray:
+    """Float32 mono samples at `rate`: a file path is read (`load_audio`), in-memory samples
+    at `sample_rate` (default: `rate`) are checked (`check_audio`) and resampled."""
+    if isinstance(audio, (str, Path)):
+        return load_audio(audio, rate)[0]
+    x = check_audio(audio)
+    return x if sample_rate in (None, rate) else resample(x, sample_rate, rate)
+
+
 def check_readable(path: str | Path) -> None:
     """Raise AudioError now if `path` is not an audio file `load_audio` can read: it exists, is
     readable, its header decodes and it holds samples; a file stored as floats is scanned for

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..audio.io import check_audio
+from ..audio import audio_at
 from ..errors import MlxSpeechError
 from ..text.context_graph import Booster, ContextGraph, GraphCache
 from ..text.vocabulary import MAX_GRAPH_TOKENS, Vocabulary
@@ -217,12 +217,7 @@ def transcribe_with(session, audio: np.ndarray | str | Path, sample_rate: int,
                 progress(done / rate, max(total, done / rate))
         session.finish()
         return session.result()
-    else:
-        audio = check_audio(audio)
-        if sample_rate != rate:
-            from ..audio.resample import resample
-
-            audio = resample(audio, sample_rate, rate)
+    audio = audio_at(audio, rate, sample_rate)
     piece, total = PIECE_SECONDS * rate, len(audio) / rate
     for i in range(0, len(audio), piece):
         session.feed(audio[i: i + piece])

@@ -6,10 +6,12 @@ import soundfile as sf
 
 from mlx_speech.audio import (
     atomic_output,
+    audio_at,
     check_audio,
     check_writable,
     load_audio,
     output_format,
+    resample,
     write_audio,
 )
 from mlx_speech.errors import AudioError, MlxSpeechError
@@ -227,3 +229,17 @@ def test_atomic_output_and_check_writable(tmp_path):
     assert p.read_bytes() == b"ok" and [q.name for q in tmp_path.iterdir()] == ["a.bin"]
     with pytest.raises(MlxSpeechError, match="does not exist"):
         check_writable(tmp_path / "no" / "x.wav")
+
+
+def test_audio_at_reads_checks_and_resamples_one_way(tmp_path):
+    """A file, samples at the rate, samples at another rate: what the models take, one way."""
+    x = sine(24000)
+    sf.write(tmp_path / "a.wav", x, 24000, subtype="FLOAT")
+    np.testing.assert_array_equal(audio_at(tmp_path / "a.wav", 16000),
+                                  load_audio(tmp_path / "a.wav", 16000)[0])
+    np.testing.assert_array_equal(audio_at(x, 24000), x)
+    np.testing.assert_array_equal(audio_at(x, 16000, 24000), resample(x, 24000, 16000))
+    pcm = (x * 32767).astype(np.int16)
+    np.testing.assert_array_equal(audio_at(pcm, 24000, 24000), pcm / np.float32(32768))
+    with pytest.raises(AudioError, match="NaN"):
+        audio_at(np.array([0.0, np.nan], np.float32), 16000)

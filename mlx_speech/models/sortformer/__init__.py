@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ...audio import check_audio, load_audio
+from ...audio import audio_at
 from ...nn import CompiledStep
 from ..base import check_sessions, checked_pairs, parameter_bytes
 from ..loading import fill, read_config, read_weights, weight_files
@@ -107,16 +107,6 @@ class SortformerDiarizer:
         empty = np.zeros((0, self.n_speakers), np.float32)
         return [np.concatenate(out[id(s)]) if out[id(s)] else empty for s in sessions]
 
-    def _audio(self, audio, sample_rate: int) -> np.ndarray:
-        if isinstance(audio, (str, Path)):
-            audio, _ = load_audio(audio, SAMPLE_RATE)
-            return audio
-        audio = check_audio(audio)
-        if sample_rate != SAMPLE_RATE:
-            from ...audio.resample import resample
-
-            audio = resample(audio, sample_rate, SAMPLE_RATE)
-        return audio
 
     def probabilities(self, audio: np.ndarray | str | Path, sample_rate: int = SAMPLE_RATE,
                       streaming: bool = True) -> np.ndarray:
@@ -125,7 +115,7 @@ class SortformerDiarizer:
         `streaming=True` (what NeMo runs for this model): the streaming algorithm over the
         whole recording, the same frames as a live session. `streaming=False`: NeMo's offline
         forward, one full-context pass over the peak-normalised audio."""
-        audio = self._audio(audio, sample_rate)
+        audio = audio_at(audio, SAMPLE_RATE, sample_rate)
         if streaming:
             s = self.session()
             return np.concatenate([s.feed(audio), s.finish()])
