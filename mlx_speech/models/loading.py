@@ -84,6 +84,20 @@ def load_safetensors(files: list[Path]) -> dict[str, mx.array]:
     return out
 
 
+def read_tensors(path: Path, what: str = "weights"):
+    """One tensor file, `.safetensors` (memory-mapped) or torch's `.pt` (read without torch,
+    `torchfile`): a dict of arrays, or the one array a `.pt` holds. A file that cannot be read
+    is a one-line CheckpointError naming `what` and the file."""
+    try:
+        if Path(path).suffix.lower() == ".safetensors":
+            return dict(mx.load(str(path)))
+        from .torchfile import load_torch
+
+        return load_torch(path)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"cannot read {what} {path}: {str(e).splitlines()[0]}") from None
+
+
 def read_weights(files: list[Path]) -> tuple[dict[str, mx.array], bool]:
     """(the files' tensors, memory-mapped; whether they are in our converted layout)."""
     return load_safetensors(files), is_converted(files)

@@ -279,3 +279,20 @@ def test_import_does_not_load_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=ROOT, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_loader_reads_either_tensor_file_and_names_a_bad_one(tmp_path):
+    """`loading.read_tensors`: the one reader of a voice or weights file, either format."""
+    from mlx_speech.errors import CheckpointError
+    from mlx_speech.models.loading import read_tensors
+
+    (tmp_path / "v.pt").write_bytes(_hand_made())
+    pt = read_tensors(tmp_path / "v.pt", "voice")
+    mx.save_safetensors(str(tmp_path / "v.safetensors"), {"t": pt["t"], "tail": pt["tail"]})
+    st = read_tensors(tmp_path / "v.safetensors", "voice")
+    assert set(st) == {"t", "tail"}
+    np.testing.assert_array_equal(np.array(st["t"]), np.array(pt["t"]))
+    for name in ("bad.pt", "bad.safetensors"):
+        (tmp_path / name).write_bytes(b"not a tensor file")
+        with pytest.raises(CheckpointError, match=name):  # one line naming the file
+            read_tensors(tmp_path / name, "voice")

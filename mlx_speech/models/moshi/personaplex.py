@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import AudioError, CheckpointError
+from ..loading import read_tensors
 from .gen import TEXT_PAD, PersonaPlexGen
 
 SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)  # Mimi codes of a silent frame
@@ -149,19 +150,8 @@ def load_voice(path: Path, mimi, n_agent: int) -> VoicePrompt:
     """A voice file: .pt / .safetensors replay, or audio encoded with `mimi`."""
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        try:
-            d = dict(mx.load(str(path)))
-        except (RuntimeError, ValueError, OSError) as e:
-            raise CheckpointError(f"cannot read voice {path}: {e}") from None
-        return _stored_voice(path.stem, d)
-    if suffix == ".pt":
-        try:
-            from ..torchfile import load_torch
-        except ImportError:
-            raise CheckpointError(f"cannot read {path}: mlx_speech.models.torchfile is "
-                                  "unavailable; convert the voice to .safetensors") from None
-        return _stored_voice(path.stem, load_torch(path))
+    if suffix in (".safetensors", ".pt"):
+        return _stored_voice(path.stem, read_tensors(path, "voice"))
     from ...audio import load_audio
 
     try:

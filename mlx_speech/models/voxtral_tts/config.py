@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ...errors import CheckpointError, MlxSpeechError
+from ..loading import read_tensors
 
 SAMPLE_RATE = 24_000
 N_SPECIAL = 2  # audio codes 0 = EMPTY_AUDIO, 1 = END_AUDIO; real codes are raw + 2
@@ -257,15 +258,7 @@ class Voices:
 
 
 def _read(path: Path) -> mx.array:
-    try:
-        if path.suffix == ".safetensors":
-            data = mx.load(str(path))
-        else:
-            from ..torchfile import load_torch
-
-            data = load_torch(path)
-    except (OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"cannot read voice {path}: {str(e).splitlines()[0]}") from None
+    data = read_tensors(path, "voice")
     if isinstance(data, mx.array):
         return data
     if isinstance(data, dict) and data:
