@@ -90,11 +90,12 @@ def test_no_import_circles():
 
 
 def family_files(family: str) -> set[Path]:
-    """A family's files and the package files they import, package faces outside it aside."""
+    """A family's files and the package files they import (in functions and for type checkers
+    too), package faces outside it aside."""
     own = set((PKG / "models" / family).glob("*.py"))
     read = set(own)
     for f in own:
-        read |= imports(f)
+        read |= imports(f) | imports(f, anywhere=True)
     return {f for f in read if f in own or f.name != "__init__.py"}
 
 
