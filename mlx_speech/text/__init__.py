@@ -5,10 +5,9 @@ side). Families take the names below."""
 
 from .context_graph import GraphCache
 from .moshi_tokenizer import TextTokenizer
-from .protobuf import fields as protobuf_fields
 from .spm import SentencePieceDecoder, StreamingDecoder
 from .tekken import StreamingDetokenizer, Tekken
 from .vocabulary import Vocabulary
 
 __all__ = ["GraphCache", "SentencePieceDecoder", "StreamingDecoder", "StreamingDetokenizer",
-           "Tekken", "TextTokenizer", "Vocabulary", "protobuf_fields"]
+           "Tekken", "TextTokenizer", "Vocabulary"]
