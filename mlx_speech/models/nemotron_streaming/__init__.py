@@ -168,7 +168,7 @@ class NemotronStreaming(StreamingASR):
 
 
 # streaming latency -> right context (frames): the seed model's modes and 320 ms (r = 3)
-LATENCY_MS_35 = {1120: 13, 560: 6, 320: 3, 160: 1, 80: 0}
+LATENCY_MS_35 = {**LATENCY_MS, 320: 3}
 
 
 class Nemotron35Streaming(NemotronStreaming):

@@ -107,7 +107,6 @@ class SortformerDiarizer:
         empty = np.zeros((0, self.n_speakers), np.float32)
         return [np.concatenate(out[id(s)]) if out[id(s)] else empty for s in sessions]
 
-
     def probabilities(self, audio: np.ndarray | str | Path, sample_rate: int = SAMPLE_RATE,
                       streaming: bool = True) -> np.ndarray:
         """(frames, n_spk) speaker probabilities, one frame per 80 ms.

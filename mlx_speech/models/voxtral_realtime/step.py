@@ -131,7 +131,7 @@ class Steps:
         if boosted:
             pad = [None] * (logits.shape[0] - len(rows))
             bias = boost_bias([s.booster for s in rows] + pad, self.config.decoder.vocab_size,
-                               logits.dtype)
+                              logits.dtype)
         tok = greedy(logits, bias)
         lp = chosen_logprob(logits, tok) if any(s.lp is not None for s in rows) else None
         mx.async_eval(tok, *([] if lp is None else [lp]))
